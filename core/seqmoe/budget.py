@@ -1,0 +1,73 @@
+"""How many expert slots a cache ratio or a device-memory budget buys.
+
+A budget pays, in order, for the resident (non-expert) weights, a KV-cache reserve for
+``context_tokens`` tokens, and a workspace for activations and allocator slack; what is
+left, divided by one expert's bytes, is the slot count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from transformers import PretrainedConfig
+
+from .errors import BudgetTooSmall
+
+WORKSPACE_BYTES = {"cuda": 512 * 2**20, "cpu": 64 * 2**20}
+"""CUDA reserves room for its context, cuBLAS workspaces and allocator fragmentation."""
+
+
+@dataclass(frozen=True)
+class CacheGeometry:
+    """The numbers that size a cache for one loaded model on one device."""
+
+    total_experts: int
+    bytes_per_expert: int
+    resident_bytes: int
+    kv_bytes: int
+    workspace_bytes: int
+    top_k: int
+
+    @property
+    def minimum_slots(self) -> int:
+        """One decode step of one layer needs ``top_k`` experts; one more leaves room to prefetch."""
+        return min(self.top_k + 1, self.total_experts)
+
+    def budget_bytes_for(self, slots: int) -> int:
+        return self.resident_bytes + self.kv_bytes + self.workspace_bytes + slots * self.bytes_per_expert
+
+    def slots_for_ratio(self, ratio: float) -> int:
+        if not 0 < ratio <= 1:
+            raise BudgetTooSmall(f"cache ratio must be in (0, 1], got {ratio}")
+        return self._checked(round(ratio * self.total_experts), f"cache ratio {ratio}")
+
+    def slots_for_budget(self, budget_bytes: int) -> int:
+        spare = budget_bytes - self.resident_bytes - self.kv_bytes - self.workspace_bytes
+        slots = max(spare, 0) // self.bytes_per_expert
+        return self._checked(min(slots, self.total_experts), f"a budget of {budget_bytes / 2**30:.2f} GiB")
+
+    def _checked(self, slots: int, asked: str) -> int:
+        if slots < self.minimum_slots:
+            need = self.minimum_slots
+            raise BudgetTooSmall(
+                f"{asked} leaves {slots} expert slots, below this model's minimum of {need} "
+                f"(top-k {self.top_k} + 1): use --cache-ratio {math.ceil(need / self.total_experts * 100) / 100:.2f} "
+                f"or --vram-budget {math.ceil(self.budget_bytes_for(need) / 2**30 * 100) / 100:.2f} or more"
+            )
+        return slots
+
+
+def kv_cache_bytes(config: PretrainedConfig, context_tokens: int, element_size: int) -> int:
+    """Keys and values of every attention layer for ``context_tokens`` tokens (an upper estimate)."""
+    text = config.get_text_config()
+    layers = getattr(text, "num_hidden_layers", 0)
+    heads = getattr(text, "num_attention_heads", 1)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    if getattr(text, "qk_nope_head_dim", None):
+        # Multi-head latent attention: transformers caches the decompressed keys and values.
+        per_token = heads * (text.qk_nope_head_dim + text.qk_rope_head_dim + text.v_head_dim)
+    else:
+        per_token = 2 * kv_heads * head_dim
+    return layers * per_token * context_tokens * element_size

@@ -1,0 +1,151 @@
+"""The ``seqmoe`` command line. Its flags and JSON keys are a contract for scripts and benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from .errors import SeqMoEError
+from .policies import POLICY_NAMES
+from .resources import demo_model_dir
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="seqmoe", description="Offloaded Mixture-of-Experts inference.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    generate = commands.add_parser("generate", help="generate text with an offloaded MoE model")
+    add_model_arguments(generate)
+    generate.add_argument("--prompt", required=True, help="the prompt text")
+    generate.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    generate.add_argument("--max-new-tokens", type=int, default=128)
+    sampling = generate.add_mutually_exclusive_group()
+    sampling.add_argument("--greedy", action="store_true", help="greedy decoding (the default)")
+    sampling.add_argument("--temperature", type=float, help="sample at this temperature")
+    generate.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (with --temperature)")
+    generate.add_argument("--seed", type=int, help="random seed for sampling")
+    generate.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+
+    bench = commands.add_parser("bench", help="compare cache policies' decode speed against full residency")
+    add_model_arguments(bench)
+    bench.add_argument("--prompt", default="Hi! What do you like to do on weekends?")
+    bench.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    bench.add_argument("--max-new-tokens", type=int, default=64)
+    bench.add_argument("--policies", default="lru", help="comma-separated policies to compare with full")
+    bench.add_argument("--cache-ratios", default="0.45", help="comma-separated cache ratios")
+    bench.add_argument("--json", action="store_true", help="print the rows as JSON")
+    return parser
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by every command that runs a model."""
+    parser.add_argument("--model", default=None, help="local folder or hub id (default: the bundled demo model)")
+    parser.add_argument("--policy", choices=POLICY_NAMES, default="lru", help="expert cache policy")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--cache-ratio", type=float, help="fraction of all routed experts kept on the device")
+    size.add_argument("--vram-budget", type=float, metavar="GB", help="device memory budget in GiB, all included")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--link-gbps", type=float, default=25.0, help="emulated host-to-device link speed in GB/s")
+    parser.add_argument("--link-latency-us", type=float, default=10.0, help="emulated per-copy latency in microseconds")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="compute dtype (default: the checkpoint's)")
+
+
+def load_engine(args: argparse.Namespace):
+    """The engine for ``--model`` (default: the bundled demo model), its cache not yet configured."""
+    from .engine import Engine
+    from .loader import load_model
+
+    loaded = load_model(args.model or str(demo_model_dir()), device=args.device, dtype=args.dtype)
+    return Engine(loaded, link_gbps=args.link_gbps, link_latency_us=args.link_latency_us)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from .engine import Sampling
+
+    engine = load_engine(args)
+    engine.configure(args.policy, cache_ratio=args.cache_ratio, vram_budget_gb=args.vram_budget)
+    sampling = Sampling(
+        max_new_tokens=args.max_new_tokens,
+        greedy=args.temperature is None,
+        temperature=args.temperature or 1.0,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    prompt_ids = engine.encode(args.prompt, chat=args.chat)
+    printer = None if args.json else _StreamPrinter(engine.loaded.tokenizer)
+    result = engine.generate(prompt_ids, sampling, on_token=printer.add if printer else None)
+    engine.close()
+    if args.json:
+        payload = {
+            "text": result.text,
+            "token_ids": result.token_ids,
+            "prompt_tokens": result.prompt_tokens,
+            "stats": result.stats.as_dict(),
+        }
+        print(json.dumps(payload))
+    else:
+        print(flush=True)
+        print(result.stats.summary(), file=sys.stderr)
+    return 0
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    from .bench import format_table, run_bench
+
+    policies = [p for p in args.policies.split(",") if p]
+    unknown = sorted(set(policies) - set(POLICY_NAMES))
+    if unknown:
+        raise SeqMoEError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICY_NAMES)}")
+    ratios = [float(r) for r in args.cache_ratios.split(",") if r]
+    engine = load_engine(args)
+    rows = run_bench(engine, engine.encode(args.prompt, chat=args.chat), policies, ratios, args.max_new_tokens)
+    if args.json:
+        print(json.dumps([row.as_dict() for row in rows]))
+    else:
+        print(f"{engine.loaded.architecture} on {engine.device} ({engine.link} link, {args.link_gbps} GB/s), "
+              f"{args.max_new_tokens} new tokens, decode speed")
+        print(format_table(rows))
+    return 0
+
+
+class _StreamPrinter:
+    """Prints decoded text as tokens arrive, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.printed = 0
+
+    def add(self, token_id: int) -> None:
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        sys.stdout.write(text[self.printed :])
+        sys.stdout.flush()
+        self.printed = len(text)
+
+
+def _quiet_transformers() -> None:
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+COMMANDS = {"generate": run_generate, "bench": run_bench_command}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _quiet_transformers()
+    try:
+        return COMMANDS[args.command](args)
+    except SeqMoEError as error:
+        print(f"seqmoe: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""The engine: a loaded MoE model, its expert cache and generation with statistics.
+
+Generation is transformers' own ``generate`` (same logits processing, stopping and
+sampling as the reference model); the engine only replaces where expert weights come
+from, by selecting the ``seqmoe`` experts implementation. The cache can be resized or
+given another policy between two generations without reloading the model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+from . import experts as experts_impl
+from .budget import WORKSPACE_BYTES, CacheGeometry, kv_cache_bytes
+from .cache import ExpertCache
+from .errors import BudgetTooSmall, SeqMoEError
+from .events import EventBus, TokenGenerated
+from .loader import LoadedModel
+from .policies import make_policy
+from .stats import GenerationStats
+from .transfer import Copier, CudaCopier, EmulatedCopier
+
+
+@dataclass
+class Sampling:
+    """How to pick tokens. ``greedy`` ignores temperature and top-p."""
+
+    max_new_tokens: int = 128
+    greedy: bool = True
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    text: str
+    prompt_tokens: int
+    stats: GenerationStats
+
+
+class Engine:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        link_gbps: float = 25.0,
+        link_latency_us: float = 10.0,
+        context_tokens: int = 4096,
+    ) -> None:
+        self.loaded = loaded
+        self.events = EventBus()
+        self.link_gbps = link_gbps
+        self.link_latency_s = link_latency_us * 1e-6
+        element = loaded.host.layout.dtype.itemsize
+        self.geometry = CacheGeometry(
+            total_experts=loaded.host.total_experts,
+            bytes_per_expert=loaded.host.layout.bytes_per_expert,
+            resident_bytes=loaded.resident_bytes,
+            kv_bytes=kv_cache_bytes(loaded.config, context_tokens, element),
+            workspace_bytes=WORKSPACE_BYTES[loaded.device.type],
+            top_k=loaded.top_k,
+        )
+        self.policy_name = "none"
+        self.cache: ExpertCache | None = None
+        self._copier: Copier | None = None
+        self._resident_accesses: torch.Tensor | None = None
+        loaded.model.set_experts_implementation(experts_impl.IMPLEMENTATION)
+
+    @property
+    def device(self) -> torch.device:
+        return self.loaded.device
+
+    @property
+    def link(self) -> str:
+        return "cuda" if self.device.type == "cuda" else "emulated"
+
+    @property
+    def cache_slots(self) -> int:
+        return self.cache.size if self.cache is not None else self.geometry.total_experts
+
+    def configure(self, policy: str = "lru", cache_ratio: float | None = None, vram_budget_gb: float | None = None) -> None:
+        """Build the cache for ``policy`` at the given size (a ratio of all experts, or a budget)."""
+        if cache_ratio is not None and vram_budget_gb is not None:
+            raise BudgetTooSmall("give either a cache ratio or a VRAM budget, not both")
+        if vram_budget_gb is not None:
+            slots = self.geometry.slots_for_budget(int(vram_budget_gb * 2**30))
+        else:
+            slots = self.geometry.slots_for_ratio(1.0 if cache_ratio is None else cache_ratio)
+        if policy == "full" and slots < self.geometry.total_experts:
+            need = self.geometry.budget_bytes_for(self.geometry.total_experts) / 2**30
+            raise BudgetTooSmall(f"the full policy keeps all experts resident: it needs cache ratio 1 ({need:.2f} GiB)")
+        chosen = make_policy(policy)
+        self._teardown()
+        base = self.loaded.base_implementation
+        if policy == "full":
+            self._resident_accesses = torch.zeros((), dtype=torch.int64, device=self.device)
+            for module, layer in zip(self.loaded.experts, self.loaded.host.tensors):
+                tensors = {name: t.to(self.device) for name, t in layer.items()}
+                runtime = experts_impl.ResidentLayer(tensors, experts_impl.base_implementation(module, base), self._resident_accesses)
+                experts_impl.attach(module, runtime)
+        else:
+            self._copier = self._make_copier()
+            self.cache = ExpertCache(self.loaded.host, slots, self.device, self._copier, chosen, self.events)
+            for index, module in enumerate(self.loaded.experts):
+                runtime = experts_impl.OffloadedLayer(index, self.cache, experts_impl.base_implementation(module, base))
+                experts_impl.attach(module, runtime)
+        self.policy_name = policy
+
+    def encode(self, prompt: str, chat: bool) -> list[int]:
+        tokenizer = self.loaded.tokenizer
+        if chat:
+            if not tokenizer.chat_template:
+                raise SeqMoEError(f"{self.loaded.path.name} has no chat template; drop --chat")
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            return list(ids)
+        return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        sampling: Sampling,
+        on_token: Callable[[int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> GenerationResult:
+        if self.policy_name == "none":
+            self.configure()
+        before = self._counters()
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        streamer = _Streamer(self.events, on_token)
+        inputs = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        stopping = StoppingCriteriaList([_StopFlag(should_stop)]) if should_stop else None
+        tokenizer = self.loaded.tokenizer
+        start = time.perf_counter()
+        streamer.start = start
+        output = self.loaded.model.generate(
+            inputs,
+            attention_mask=torch.ones_like(inputs),
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=not sampling.greedy,
+            temperature=None if sampling.greedy else sampling.temperature,
+            top_p=None if sampling.greedy else sampling.top_p,
+            top_k=None,
+            streamer=streamer,
+            stopping_criteria=stopping,
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+        )
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - start
+        after = self._counters()
+        token_ids = output[0, len(prompt_ids) :].tolist()
+        stats = GenerationStats(
+            tokens=len(token_ids),
+            seconds=seconds,
+            hits=after[0] - before[0],
+            misses=after[1] - before[1],
+            stall_seconds=after[2] - before[2],
+            h2d_bytes=after[3] - before[3],
+            cache_slots=self.cache_slots,
+            total_experts=self.geometry.total_experts,
+            policy=self.policy_name,
+            device=str(self.device),
+            link=self.link,
+            prompt_tokens=len(prompt_ids),
+            time_to_first_token=(streamer.first_token_at or seconds + start) - start,
+        )
+        text = tokenizer.decode(token_ids, skip_special_tokens=True)
+        return GenerationResult(token_ids=token_ids, text=text, prompt_tokens=len(prompt_ids), stats=stats)
+
+    def close(self) -> None:
+        self._teardown()
+
+    def _counters(self) -> tuple[int, int, float, int]:
+        """(hits, misses, stall seconds, bytes copied) so far."""
+        if self._resident_accesses is not None:
+            return int(self._resident_accesses.item()), 0, 0.0, 0
+        assert self.cache is not None and self._copier is not None
+        return self.cache.hits, self.cache.misses, self._copier.stall_seconds(), self._copier.bytes_copied
+
+    def _make_copier(self) -> Copier:
+        if self.device.type == "cuda":
+            return CudaCopier(self.device)
+        return EmulatedCopier(self.link_gbps, self.link_latency_s)
+
+    def _teardown(self) -> None:
+        for module in self.loaded.experts:
+            experts_impl.attach(module, None)
+        if self._copier is not None:
+            self._copier.close()
+        self._copier = None
+        self.cache = None
+        self._resident_accesses = None
+        self.policy_name = "none"
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+class _Streamer(BaseStreamer):
+    """Receives tokens from ``generate``: the first call carries the prompt, then one token per step."""
+
+    def __init__(self, events: EventBus, on_token: Callable[[int], None] | None) -> None:
+        self.events = events
+        self.on_token = on_token
+        self.prompt_seen = False
+        self.count = 0
+        self.start = 0.0
+        self.first_token_at: float | None = None
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        now = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        for token_id in value.reshape(-1).tolist():
+            if self.events.active:
+                self.events.emit(TokenGenerated(self.count, token_id, now - self.start))
+            self.count += 1
+            if self.on_token is not None:
+                self.on_token(token_id)
+
+    def end(self) -> None:
+        """Nothing to flush: tokens are delivered as they come."""
+
+
+class _StopFlag(StoppingCriteria):
+    """Cooperative stop: checked after every token."""
+
+    def __init__(self, should_stop: Callable[[], bool]) -> None:
+        self.should_stop = should_stop
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.should_stop(), dtype=torch.bool, device=input_ids.device)

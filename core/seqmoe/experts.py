@@ -1,0 +1,138 @@
+"""The ``seqmoe`` experts implementation registered in transformers' ``ExpertsInterface``.
+
+transformers calls ``fn(module, hidden_states, top_k_index, top_k_weights)`` for every
+MoE layer after the model's own router has chosen the experts. We do not reimplement the
+expert math: we hand the model's own implementation (``grouped_mm``, ``batched_mm`` or the
+class's eager forward) a *slot view* of the module, whose expert tensors are the device
+slot pool and whose expert ids are slot ids. Every layout flag, gate function, bias and
+post-expert norm of the module therefore applies unchanged, and each expert's rows go
+through the same kernel as in the unoffloaded model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+from .cache import ExpertCache
+
+IMPLEMENTATION = "seqmoe"
+_RUNTIME_ATTR = "_seqmoe_runtime"
+
+ExpertsFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class SlotView:
+    """The experts module as seen through the slot pool: same behaviour, other weights."""
+
+    def __init__(self, module: nn.Module, tensors: dict[str, torch.Tensor], num_slots: int) -> None:
+        self._module = module
+        self.__dict__.update(tensors)
+        self.num_experts = num_slots
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._module, name)
+
+
+def base_implementation(module: nn.Module, name: str) -> ExpertsFn:
+    """The function the unoffloaded model would use for this module."""
+    if name == "eager":
+        return type(module).forward.__wrapped__
+    return ALL_EXPERTS_FUNCTIONS[name]
+
+
+class ResidentLayer:
+    """All experts of the layer on the device (the ``full`` policy): no copies, no sync."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], base: ExpertsFn, accesses: torch.Tensor) -> None:
+        self.tensors = tensors
+        self.base = base
+        self.accesses = accesses
+
+    def forward(self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        num_experts = next(iter(self.tensors.values())).shape[0]
+        used = torch.zeros(num_experts, dtype=torch.int64, device=index.device)
+        self.accesses += used.index_fill_(0, index.reshape(-1), 1).sum()
+        return self.base(SlotView(module, self.tensors, num_experts), hidden, index, weights)
+
+
+class OffloadedLayer:
+    """Experts served from the shared slot pool through the expert cache."""
+
+    def __init__(self, layer: int, cache: ExpertCache, base: ExpertsFn) -> None:
+        self.layer = layer
+        self.cache = cache
+        self.base = base
+
+    def forward(self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        # One device-to-host sync per layer: the router's choice decides what to copy.
+        needed = torch.unique(index).tolist()
+        prefill = hidden.shape[0] > 1
+        view = SlotView(module, self.cache.pool.tensors, self.cache.size)
+        if len(needed) <= self.cache.size:
+            slots = self.cache.acquire(self.layer, needed, prefill)
+            try:
+                return self.base(view, hidden, _slot_lookup(needed, slots, index)[index], weights)
+            finally:
+                self.cache.release(slots)
+        return self._forward_in_groups(view, hidden, index, weights, needed, prefill)
+
+    def _forward_in_groups(
+        self,
+        view: SlotView,
+        hidden: torch.Tensor,
+        index: torch.Tensor,
+        weights: torch.Tensor,
+        needed: list[int],
+        prefill: bool,
+    ) -> torch.Tensor:
+        """A layer that needs more experts than the cache holds (a long prefill on a small cache).
+
+        Experts are processed in groups that fit. Each (token, k) pair is computed alone
+        with weight 1, all rows of one expert in the same call as in the reference; the
+        routing weights are then applied and summed exactly as ``grouped_mm`` and
+        ``batched_mm`` do, so the result matches them bit for bit.
+        """
+        num_tokens, top_k = index.shape
+        flat = index.reshape(-1)
+        pair_out = torch.empty((flat.numel(), hidden.shape[-1]), dtype=hidden.dtype, device=hidden.device)
+        ones = torch.ones((1, 1), dtype=weights.dtype, device=weights.device)
+        for start in range(0, len(needed), self.cache.size):
+            group = needed[start : start + self.cache.size]
+            slots = self.cache.acquire(self.layer, group, prefill)
+            try:
+                lookup = _slot_lookup(group, slots, index)
+                rows = torch.isin(flat, lookup.new_tensor(group)).nonzero().squeeze(1)
+                pair_index = lookup[flat[rows]].unsqueeze(1)
+                pair_out[rows] = self.base(view, hidden[rows // top_k], pair_index, ones.expand(rows.numel(), 1))
+            finally:
+                self.cache.release(slots)
+        weighted = pair_out.view(num_tokens, top_k, -1) * weights.unsqueeze(-1)
+        return weighted.sum(dim=1).to(hidden.dtype)
+
+
+def _slot_lookup(experts: list[int], slots: list[int], like: torch.Tensor) -> torch.Tensor:
+    """A table from expert id to slot id, on the device of ``like``."""
+    lookup = torch.zeros(max(experts) + 1, dtype=torch.long)
+    lookup[experts] = torch.tensor(slots, dtype=torch.long)
+    return lookup.to(like.device, non_blocking=True)
+
+
+def seqmoe_experts_forward(
+    module: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    runtime = module.__dict__.get(_RUNTIME_ATTR)
+    if runtime is None:
+        raise RuntimeError(f"{type(module).__name__} was not prepared by the seqmoe engine")
+    return runtime.forward(module, hidden_states, top_k_index, top_k_weights)
+
+
+def attach(module: nn.Module, runtime: ResidentLayer | OffloadedLayer | None) -> None:
+    """Give an experts module the runtime that serves its weights (plain attribute, not a submodule)."""
+    module.__dict__[_RUNTIME_ATTR] = runtime
+
+
+ALL_EXPERTS_FUNCTIONS.register(IMPLEMENTATION, seqmoe_experts_forward)

@@ -1,0 +1,281 @@
+"""Open a Hugging Face MoE model for offloaded inference, or refuse it in one clear line.
+
+Two steps, as in vLLM's loaders: ``resolve`` finds the files (a local folder, or a hub id
+downloaded through huggingface_hub), ``load_model`` checks and loads them. Every check
+that can be made before reading gigabytes of weights is made first, on a model built on
+the meta device. Remote code is never executed: a model that asks for it is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+
+from .errors import ModelRefused
+from .store import HostStore, expert_parameters
+
+DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+_TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    """A model whose non-expert weights are on ``device`` and whose experts are in ``host``."""
+
+    path: Path
+    model: nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    experts: list[nn.Module]
+    host: HostStore
+    base_implementation: str
+    device: torch.device
+    top_k: int
+
+    @property
+    def architecture(self) -> str:
+        return type(self.model).__name__
+
+    @property
+    def config(self) -> PretrainedConfig:
+        return self.model.config
+
+    @property
+    def resident_bytes(self) -> int:
+        expert_ids = {id(p) for module in self.experts for p in expert_parameters(module).values()}
+        tensors = [p for p in self.model.parameters() if id(p) not in expert_ids] + list(self.model.buffers())
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def resolve(model: str) -> Path:
+    """A local folder for ``model`` (a path, or a hub id fetched or found in the HF cache)."""
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelRefused(f"{model} is a file; give the model's folder")
+        return path
+    if not _REPO_ID.match(model) or model.startswith((".", "/", "~")):
+        raise ModelRefused(f"no such model folder: {model}")
+    return _download(model)
+
+
+def _download(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=DOWNLOAD_PATTERNS))
+    except GatedRepoError:
+        raise ModelRefused(
+            f"{repo_id} is gated: accept its licence on the hub, then log in with `hf auth login`"
+        ) from None
+    except (RepositoryNotFoundError, RevisionNotFoundError):
+        raise ModelRefused(f"no model {repo_id} on the Hugging Face hub (or it is private)") from None
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled):
+        raise ModelRefused(
+            f"{repo_id} is not downloaded and the hub cannot be reached (offline); "
+            "connect, or give a local folder"
+        ) from None
+    except OSError as error:
+        raise ModelRefused(f"downloading {repo_id} failed: {error}") from None
+
+
+def read_config(path: Path) -> PretrainedConfig:
+    """The model's config, refused if it is missing, asks for remote code, or is unknown."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelRefused(f"{path} is not a Hugging Face model folder (no config.json)")
+    try:
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ModelRefused(f"{config_file} is not valid JSON: {error}") from None
+    for name in ("config.json", "tokenizer_config.json"):
+        file = path / name
+        if file.is_file() and "auto_map" in _json_or_empty(file):
+            raise ModelRefused(
+                f"{path.name} needs its own remote code ({name} has auto_map); "
+                "seqmoe never runs code shipped with a model"
+            )
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except (ValueError, KeyError) as error:
+        model_type = raw.get("model_type", "unknown")
+        raise ModelRefused(
+            f"architecture {model_type!r} is not supported by the installed transformers: {_first_line(error)}"
+        ) from None
+
+
+def find_experts(model: nn.Module) -> list[nn.Module]:
+    """Experts modules built with transformers' ``use_experts_implementation``, in forward order."""
+    return [m for m in model.modules() if isinstance(getattr(m, "is_concatenated", None), bool) and hasattr(m, "has_gate")]
+
+
+def check_supported(config: PretrainedConfig) -> None:
+    """Refuse models that are not MoEs, or whose experts bypass the experts interface."""
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    except (ValueError, KeyError) as error:
+        raise ModelRefused(f"{type(config).__name__} is not a causal language model: {_first_line(error)}") from None
+    architecture = type(skeleton).__name__
+    if find_experts(skeleton):
+        return
+    text = config.get_text_config()
+    experts = max((getattr(text, key, 0) or 0 for key in _EXPERT_COUNT_KEYS if isinstance(getattr(text, key, 0), int)), default=0)
+    if experts > 1:
+        raise ModelRefused(
+            f"{architecture} is an MoE whose experts do not use transformers' experts interface; "
+            "seqmoe cannot offload it"
+        )
+    raise ModelRefused(f"{architecture} is not a Mixture-of-Experts model; seqmoe offloads MoE experts only")
+
+
+def check_weights(path: Path) -> list[Path]:
+    """The safetensors files of the checkpoint, refused if any is missing or truncated."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(_json_or_empty(index).get("weight_map", {}).values()))
+        files = [path / shard for shard in shards]
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    if not files:
+        if any(path.glob("*.bin")) or any(path.glob("*.pt")):
+            raise ModelRefused(
+                f"{path.name} has only pickle weights (.bin); seqmoe loads safetensors only, which cannot run code"
+            )
+        raise ModelRefused(f"no weight files (*.safetensors) in {path}")
+    for file in files:
+        if not file.is_file():
+            raise ModelRefused(f"weight file {file.name} is missing from {path}")
+        _check_safetensors_size(file)
+    return files
+
+
+def _check_safetensors_size(file: Path) -> None:
+    size = file.stat().st_size
+    with file.open("rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise ModelRefused(f"weight file {file.name} is truncated ({size} bytes)")
+        (header_len,) = struct.unpack("<Q", head)
+        if header_len > size - 8:
+            raise ModelRefused(f"weight file {file.name} is truncated or not safetensors")
+        try:
+            header = json.loads(handle.read(header_len))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ModelRefused(f"weight file {file.name} has a corrupt header") from None
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if 8 + header_len + end > size:
+        raise ModelRefused(
+            f"weight file {file.name} is truncated: {size} bytes, its header promises {8 + header_len + end}"
+        )
+
+
+def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise ModelRefused(f"no usable tokenizer in {path}: {_first_line(error)}") from None
+
+
+def top_k_of(config: PretrainedConfig) -> int:
+    text = config.get_text_config()
+    for key in _TOP_K_KEYS:
+        value = getattr(text, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ModelRefused(f"{type(config).__name__} does not say how many experts each token uses")
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelRefused("--device cuda was asked for, but this PyTorch build sees no CUDA GPU")
+    if device not in ("cpu", "cuda"):
+        raise ModelRefused(f"unknown device {device!r}; choose auto, cpu or cuda")
+    return torch.device(device)
+
+
+def load_model(model: str, device: str = "auto", dtype: str | None = None) -> LoadedModel:
+    """Open ``model`` with its experts in host memory and everything else on ``device``."""
+    target = pick_device(device)
+    if dtype is not None and dtype not in DTYPES:
+        raise ModelRefused(f"unknown dtype {dtype!r}; choose {', '.join(DTYPES)}")
+    path = resolve(model)
+    config = read_config(path)
+    check_supported(config)
+    check_weights(path)
+    tokenizer = load_tokenizer(path)
+    top_k = top_k_of(config)
+    try:
+        hf_model, info = AutoModelForCausalLM.from_pretrained(
+            path, dtype=DTYPES[dtype] if dtype else "auto", trust_remote_code=False, output_loading_info=True
+        )
+    except (OSError, ValueError, RuntimeError) as error:
+        raise ModelRefused(f"loading the weights of {path.name} failed: {_first_line(error)}") from None
+    if info["missing_keys"]:
+        missing = sorted(info["missing_keys"])
+        raise ModelRefused(f"the checkpoint lacks {len(missing)} weights, e.g. {missing[0]}")
+    hf_model.eval()
+    experts = find_experts(hf_model)
+    try:
+        host = HostStore(experts, pin=target.type == "cuda")
+    except ValueError as error:
+        raise ModelRefused(f"{type(hf_model).__name__}: {error}; seqmoe needs one expert shape") from None
+    _place(hf_model, experts, host, target)
+    return LoadedModel(
+        path=path,
+        model=hf_model,
+        tokenizer=tokenizer,
+        experts=experts,
+        host=host,
+        base_implementation=hf_model.config._experts_implementation,
+        device=target,
+        top_k=top_k,
+    )
+
+
+def _place(model: nn.Module, experts: list[nn.Module], host: HostStore, device: torch.device) -> None:
+    """Experts' parameters become the host store's tensors; every other tensor moves to ``device``."""
+    expert_params = set()
+    for module, layer in zip(experts, host.tensors):
+        for name, param in expert_parameters(module).items():
+            param.data = layer[name]
+            expert_params.add(id(param))
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) not in expert_params:
+                param.data = param.data.to(device)
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer is not None:
+                module._buffers[name] = buffer.to(device)
+
+
+def _json_or_empty(file: Path) -> dict:
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+

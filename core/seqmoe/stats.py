@@ -1,0 +1,59 @@
+"""Statistics of one generation, with the key names the command line promises."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class GenerationStats:
+    tokens: int
+    seconds: float
+    hits: int
+    misses: int
+    stall_seconds: float
+    h2d_bytes: int
+    cache_slots: int
+    total_experts: int
+    policy: str
+    device: str
+    link: str
+    prompt_tokens: int = 0
+    time_to_first_token: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first, per second after the first: the decode speed without prefill."""
+        decode_seconds = self.seconds - self.time_to_first_token
+        return (self.tokens - 1) / decode_seconds if self.tokens > 1 and decode_seconds > 0 else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        accesses = self.hits + self.misses
+        return self.hits / accesses if accesses else 1.0
+
+    @property
+    def cache_ratio(self) -> float:
+        return self.cache_slots / self.total_experts
+
+    def as_dict(self) -> dict[str, object]:
+        values = asdict(self)
+        values.update(
+            tokens_per_s=self.tokens_per_s,
+            decode_tokens_per_s=self.decode_tokens_per_s,
+            hit_rate=self.hit_rate,
+            cache_ratio=self.cache_ratio,
+        )
+        return values
+
+    def summary(self) -> str:
+        return (
+            f"{self.tokens} tokens in {self.seconds:.2f} s ({self.tokens_per_s:.1f} tok/s), "
+            f"policy {self.policy}, cache {self.cache_slots}/{self.total_experts} experts "
+            f"({self.cache_ratio:.0%}), hit rate {self.hit_rate:.1%}, stalls {self.stall_seconds:.3f} s, "
+            f"H2D {self.h2d_bytes / 2**20:.1f} MiB, {self.device} ({self.link} link)"
+        )

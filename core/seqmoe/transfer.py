@@ -1,0 +1,260 @@
+"""Copy backends that move one expert from host memory into a device slot.
+
+Both backends share one contract, so the cache and the policies never know which link
+they drive:
+
+* ``submit(job, urgent)`` queues a copy; urgent copies (misses) jump the queue.
+* ``cancel(job)`` drops a copy that has not started.
+* ``wait(job)`` makes the compute side wait until the slot holds the expert. The CUDA
+  backend does this with ``wait_event`` on the compute stream (no CPU synchronisation);
+  the emulated one blocks the calling thread, which *is* the compute stream on a CPU.
+* ``release(slot)`` marks that the compute side finished reading a slot; a later copy
+  into that slot is ordered after it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+import numpy
+import torch
+
+ExpertKey = tuple[int, int]
+"""(MoE layer index, expert index within that layer)."""
+
+
+class JobState(Enum):
+    QUEUED = "queued"
+    COPYING = "copying"
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+
+@dataclass(eq=False)
+class CopyJob:
+    """One expert's weights on their way into one slot."""
+
+    key: ExpertKey
+    slot: int
+    pairs: list[tuple[torch.Tensor, torch.Tensor]]
+    """(device destination, host source) views, one per expert tensor."""
+    nbytes: int
+    state: JobState = JobState.QUEUED
+    ready: threading.Event = field(default_factory=threading.Event)
+    cuda_event: object | None = None
+
+
+class Copier(Protocol):
+    """The interface every copy backend implements (see the module docstring)."""
+
+    link: str
+    bytes_copied: int
+
+    def submit(self, job: CopyJob, urgent: bool = False) -> None: ...
+
+    def cancel(self, job: CopyJob) -> bool: ...
+
+    def wait(self, job: CopyJob) -> None: ...
+
+    def release(self, slot: int) -> None: ...
+
+    def stall_seconds(self) -> float: ...
+
+    def close(self) -> None: ...
+
+
+class EmulatedCopier:
+    """A PCIe link emulated by a background thread.
+
+    The link is modelled as a single lane: a copy occupies it for
+    ``latency + nbytes / bandwidth`` seconds, starting when both the link is free and the
+    copy was submitted. Readiness is signalled at the modelled finish time (or when the
+    real memcpy ends, if that is later), so thread wake-up jitter does not change the
+    throughput the link delivers over a backlog.
+    """
+
+    link = "emulated"
+
+    def __init__(self, gbytes_per_s: float = 25.0, latency_s: float = 10e-6) -> None:
+        if gbytes_per_s <= 0:
+            raise ValueError("link speed must be positive")
+        self.bytes_per_s = gbytes_per_s * 1e9
+        self.latency_s = latency_s
+        self.bytes_copied = 0
+        self._stall = 0.0
+        self._queue: deque[tuple[CopyJob, float]] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._link_free_at = 0.0
+        self._thread = threading.Thread(target=self._run, name="seqmoe-emulated-link", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: CopyJob, urgent: bool = False) -> None:
+        with self._cond:
+            entry = (job, time.perf_counter())
+            if urgent:
+                self._queue.appendleft(entry)
+            else:
+                self._queue.append(entry)
+            self._cond.notify()
+
+    def cancel(self, job: CopyJob) -> bool:
+        with self._cond:
+            for entry in self._queue:
+                if entry[0] is job:
+                    self._queue.remove(entry)
+                    job.state = JobState.CANCELLED
+                    return True
+        return False
+
+    def wait(self, job: CopyJob) -> None:
+        if job.ready.is_set():
+            return
+        with self._cond:
+            for entry in self._queue:
+                if entry[0] is job:
+                    self._queue.remove(entry)
+                    self._queue.appendleft(entry)
+                    break
+        start = time.perf_counter()
+        job.ready.wait()
+        self._stall += time.perf_counter() - start
+
+    def release(self, slot: int) -> None:
+        """CPU compute is synchronous: once the layer returned, the slot is free to overwrite."""
+
+    def stall_seconds(self) -> float:
+        return self._stall
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                job, submitted_at = self._queue.popleft()
+                job.state = JobState.COPYING
+            start = max(submitted_at, self._link_free_at)
+            began = time.perf_counter()
+            for dst, src in job.pairs:
+                _memcpy(dst, src)
+            # A memcpy slower than the modelled link makes the link that slow; a late
+            # wake-up of this thread does not.
+            busy = max(self.latency_s + job.nbytes / self.bytes_per_s, time.perf_counter() - began)
+            self._link_free_at = start + busy
+            delay = self._link_free_at - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            self.bytes_copied += job.nbytes
+            job.state = JobState.DONE
+            job.ready.set()
+
+
+def _memcpy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """A single-threaded copy between contiguous CPU tensors.
+
+    ``Tensor.copy_`` would split the copy over the OpenMP pool that the compute thread
+    uses, so the emulated link would steal cores from compute (a DMA engine does not).
+    """
+    numpy.copyto(dst.view(torch.uint8).numpy(), src.view(torch.uint8).numpy())
+
+
+class CudaCopier:
+    """Host-to-device copies from pinned memory on a dedicated CUDA stream.
+
+    Only ``max_in_flight`` copies are issued to the stream at a time; the rest wait in a
+    host-side queue, so an urgent copy (a miss) can still overtake planned prefetches.
+    Each copy into a slot first waits for the event recorded when the compute stream
+    last finished reading that slot, so a slot is never overwritten under a running
+    kernel. Stall time is the time the compute stream spends in ``wait_event``, timed
+    with CUDA events and summed lazily (no synchronisation on the hot path).
+    """
+
+    link = "cuda"
+
+    def __init__(self, device: torch.device, max_in_flight: int = 4) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device)
+        self.max_in_flight = max_in_flight
+        self.bytes_copied = 0
+        self._pending: deque[CopyJob] = deque()
+        self._in_flight: deque[CopyJob] = deque()
+        self._released: dict[int, torch.cuda.Event] = {}
+        self._stall_pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def submit(self, job: CopyJob, urgent: bool = False) -> None:
+        if urgent:
+            self._pending.appendleft(job)
+        else:
+            self._pending.append(job)
+        self._pump()
+
+    def cancel(self, job: CopyJob) -> bool:
+        if job in self._pending:
+            self._pending.remove(job)
+            job.state = JobState.CANCELLED
+            return True
+        return False
+
+    def wait(self, job: CopyJob) -> None:
+        if job.state is JobState.QUEUED:
+            self._pending.remove(job)
+            self._issue(job)
+        event = job.cuda_event
+        assert isinstance(event, torch.cuda.Event)
+        if not event.query():
+            compute = torch.cuda.current_stream(self.device)
+            before = torch.cuda.Event(enable_timing=True)
+            after = torch.cuda.Event(enable_timing=True)
+            before.record(compute)
+            compute.wait_event(event)
+            after.record(compute)
+            self._stall_pairs.append((before, after))
+        # From the compute stream's point of view the slot now holds the expert.
+        job.state = JobState.DONE
+
+    def release(self, slot: int) -> None:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        self._released[slot] = event
+
+    def stall_seconds(self) -> float:
+        if not self._stall_pairs:
+            return 0.0
+        self._stall_pairs[-1][1].synchronize()
+        return sum(before.elapsed_time(after) for before, after in self._stall_pairs) / 1000.0
+
+    def close(self) -> None:
+        self.stream.synchronize()
+
+    def _pump(self) -> None:
+        while self._in_flight and self._in_flight[0].cuda_event.query():
+            self._in_flight.popleft().state = JobState.DONE
+        while self._pending and len(self._in_flight) < self.max_in_flight:
+            self._issue(self._pending.popleft())
+
+    def _issue(self, job: CopyJob) -> None:
+        with torch.cuda.stream(self.stream):
+            released = self._released.pop(job.slot, None)
+            if released is not None:
+                self.stream.wait_event(released)
+            for dst, src in job.pairs:
+                dst.copy_(src, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        job.cuda_event = event
+        job.state = JobState.COPYING
+        self.bytes_copied += job.nbytes
+        self._in_flight.append(job)

@@ -1,0 +1,92 @@
+"""Tiny random checkpoints of real transformers architectures, built in the tests (no hub)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+transformers.utils.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+
+VOCAB = 128
+EOS = 1
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+_COMMON = dict(vocab_size=VOCAB, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+# Each family exercises a different layout or routing path of transformers' experts interface.
+FAMILIES: dict[str, transformers.PretrainedConfig] = {
+    "mixtral": transformers.MixtralConfig(
+        **_COMMON, intermediate_size=48, num_hidden_layers=3, num_local_experts=8, num_experts_per_tok=2
+    ),
+    "olmoe": transformers.OlmoeConfig(
+        **_COMMON, intermediate_size=48, num_hidden_layers=3, num_experts=8, num_experts_per_tok=3, pad_token_id=0, eos_token_id=EOS
+    ),
+    # shared experts beside the routed ones
+    "qwen2_moe": transformers.Qwen2MoeConfig(
+        **_COMMON, intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
+    ),
+    "qwen3_moe": transformers.Qwen3MoeConfig(
+        **_COMMON, head_dim=8, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=3, num_experts=8,
+        num_experts_per_tok=4, norm_topk_prob=True,
+    ),
+    # biased, transposed, interleaved gate/up experts with a clamped gate
+    "gpt_oss": transformers.GptOssConfig(
+        **_COMMON, head_dim=8, intermediate_size=32, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2,
+        sliding_window=16, layer_types=["sliding_attention", "full_attention"],
+    ),
+    # grouped routing (n_group / topk_group), shared experts and a dense first layer
+    "deepseek_v3": transformers.DeepseekV3Config(
+        **{**_COMMON, "num_key_value_heads": 4}, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=3,
+        n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1, n_shared_experts=1,
+        kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, head_dim=8,
+    ),
+    "granitemoe": transformers.GraniteMoeConfig(
+        **_COMMON, intermediate_size=48, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2
+    ),
+}
+
+
+def save_tokenizer(folder: Path) -> None:
+    """A character-level tokenizer with a chat template and EOS id 1."""
+    vocab = {f"<{i}>": i for i in range(VOCAB)}
+    vocab.update({chr(i): i for i in range(32, VOCAB - 1)})
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<0>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=f"<{EOS}>", unk_token="<0>", pad_token="<0>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(folder)
+
+
+def build_model(folder: Path, config: transformers.PretrainedConfig, seed: int = 0) -> Path:
+    torch.manual_seed(seed)
+    config.eos_token_id = EOS
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            # Larger weights than the default init make routing and greedy choices decisive.
+            param.normal_(0.0, 0.2)
+    model.save_pretrained(folder)
+    save_tokenizer(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {name: build_model(root / name, config) for name, config in FAMILIES.items()}
+
+
+@pytest.fixture(scope="session")
+def mixtral_dir(tiny_models: dict[str, Path]) -> Path:
+    return tiny_models["mixtral"]

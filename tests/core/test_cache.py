@@ -1,0 +1,90 @@
+"""Slot pool rules: pinned experts are never evicted; LRU order; budget arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from seqmoe.budget import CacheGeometry
+from seqmoe.cache import ExpertCache
+from seqmoe.errors import BudgetTooSmall
+from seqmoe.events import EventBus, ExpertEvicted, LayerRouted
+from seqmoe.policies import LRUPolicy
+from seqmoe.store import HostStore
+from seqmoe.transfer import EmulatedCopier
+
+
+class FakeExperts(nn.Module):
+    def __init__(self, layer: int, experts: int = 4) -> None:
+        super().__init__()
+        self.num_experts = experts
+        values = torch.arange(experts, dtype=torch.float32).view(experts, 1, 1) + 100 * layer
+        self.gate_up_proj = nn.Parameter(values.expand(experts, 4, 2).clone())
+        self.down_proj = nn.Parameter(values.expand(experts, 2, 2).clone())
+
+
+@pytest.fixture
+def cache() -> ExpertCache:
+    host = HostStore([FakeExperts(layer) for layer in range(3)], pin=False)
+    copier = EmulatedCopier(gbytes_per_s=100.0, latency_s=0.0)
+    yield ExpertCache(host, size=3, device=torch.device("cpu"), copier=copier, policy=LRUPolicy(), events=EventBus())
+    copier.close()
+
+
+def test_acquired_slots_hold_the_right_weights(cache: ExpertCache) -> None:
+    slots = cache.acquire(2, [1, 3], prefill=False)
+    assert [cache.pool.tensors["gate_up_proj"][s][0, 0].item() for s in slots] == [201.0, 203.0]
+    cache.release(slots)
+
+
+def test_lru_evicts_the_least_recently_used(cache: ExpertCache) -> None:
+    for layer, expert in [(0, 0), (0, 1), (0, 2), (0, 0)]:
+        cache.release(cache.acquire(layer, [expert], prefill=False))
+    evicted = []
+    cache.events.subscribe(lambda e: evicted.append(e.key) if isinstance(e, ExpertEvicted) else None)
+    cache.release(cache.acquire(1, [0], prefill=False))
+    assert evicted == [(0, 1)]
+    assert (cache.hits, cache.misses) == (1, 4)
+
+
+def test_experts_of_the_running_layer_are_never_evicted(cache: ExpertCache) -> None:
+    running = cache.acquire(0, [0, 1], prefill=False)
+    other = cache.acquire(1, [2], prefill=False)
+    cache.release(other)
+    # Only one slot is unpinned: loading two more experts must not touch layer 0's slots.
+    cache.release(cache.acquire(2, [3], prefill=False))
+    cache.release(cache.acquire(2, [0], prefill=False))
+    assert {cache.pool.owner[s] for s in running} == {(0, 0), (0, 1)}
+    with pytest.raises(RuntimeError, match="pinned"):
+        cache.acquire(1, [1, 3], prefill=False)
+    cache.release(running)
+
+
+def test_routed_events_report_misses(cache: ExpertCache) -> None:
+    seen = []
+    cache.events.subscribe(seen.append)
+    cache.release(cache.acquire(0, [0, 1], prefill=True))
+    cache.release(cache.acquire(0, [1, 2], prefill=False))
+    routed = [e for e in seen if isinstance(e, LayerRouted)]
+    assert [(e.experts, e.missed, e.prefill) for e in routed] == [((0, 1), (0, 1), True), ((1, 2), (2,), False)]
+
+
+def geometry(**overrides: int) -> CacheGeometry:
+    values = dict(total_experts=100, bytes_per_expert=2**20, resident_bytes=10 * 2**20, kv_bytes=5 * 2**20,
+                  workspace_bytes=2**20, top_k=2)
+    values.update(overrides)
+    return CacheGeometry(**values)
+
+
+def test_budget_pays_for_resident_weights_kv_and_workspace_first() -> None:
+    assert geometry().slots_for_budget(16 * 2**20 + 40 * 2**20) == 40
+    assert geometry().slots_for_budget(2**40) == 100
+    assert geometry().slots_for_ratio(0.45) == 45
+
+
+def test_budget_below_minimum_names_the_minimum() -> None:
+    with pytest.raises(BudgetTooSmall, match="minimum of 3"):
+        geometry().slots_for_budget(16 * 2**20 + 2 * 2**20)
+    with pytest.raises(BudgetTooSmall):
+        geometry().slots_for_ratio(0.0)

@@ -1,0 +1,49 @@
+"""The CUDA path: pinned host memory, a copy stream and events. Skipped without an NVIDIA GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqmoe import Engine, Sampling, load_model
+from seqmoe.transfer import CopyJob, CudaCopier
+
+from .test_equivalence import PROMPT, reference_tokens
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU with a CUDA build of PyTorch")
+
+
+def test_copies_land_in_order_and_urgent_ones_overtake() -> None:
+    device = torch.device("cuda")
+    copier = CudaCopier(device, max_in_flight=1)
+    sources = [torch.full((2**20,), float(i)).pin_memory() for i in range(4)]
+    slots = [torch.empty(2**20, device=device) for _ in range(4)]
+    jobs = [CopyJob((0, i), i, [(slots[i], sources[i])], 4 * 2**20) for i in range(4)]
+    for j in jobs[:3]:
+        copier.submit(j)
+    copier.submit(jobs[3], urgent=True)
+    for j in jobs:
+        copier.wait(j)
+    torch.cuda.synchronize()
+    assert [s[0].item() for s in slots] == [0.0, 1.0, 2.0, 3.0]
+    assert copier.bytes_copied == 16 * 2**20
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3"])
+def test_offloaded_cuda_generation_matches_cuda_reference(tiny_models: dict[str, Path], family: str) -> None:
+    greedy = Sampling(max_new_tokens=12)
+    engine = Engine(load_model(str(tiny_models[family]), device="cuda"))
+    assert engine.loaded.host.tensors[0][engine.loaded.host.layout.names[0]].is_pinned()
+    try:
+        engine.configure("full")
+        expected = engine.generate(PROMPT, greedy).token_ids
+        for ratio in (0.5, engine.geometry.minimum_slots / engine.geometry.total_experts):
+            engine.configure("lru", cache_ratio=ratio)
+            result = engine.generate(PROMPT, greedy)
+            assert result.token_ids == expected
+            assert result.stats.link == "cuda" and result.stats.misses > 0
+    finally:
+        engine.close()
+    assert len(expected) == len(reference_tokens(tiny_models[family], greedy))

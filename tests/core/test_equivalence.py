@@ -1,0 +1,85 @@
+"""Offloaded generation gives exactly the tokens of transformers' own generate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from seqmoe import Engine, Sampling, load_model
+
+from .conftest import FAMILIES
+
+PROMPT = [5, 17, 42, 99, 23, 64, 7, 88, 31, 12, 56, 77]
+NEW_TOKENS = 12
+
+
+def reference_tokens(folder: Path, sampling: Sampling) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    inputs = torch.tensor([PROMPT])
+    if sampling.seed is not None:
+        torch.manual_seed(sampling.seed)
+    output = model.generate(
+        inputs,
+        attention_mask=torch.ones_like(inputs),
+        max_new_tokens=sampling.max_new_tokens,
+        do_sample=not sampling.greedy,
+        temperature=None if sampling.greedy else sampling.temperature,
+        top_p=None if sampling.greedy else sampling.top_p,
+        top_k=None,
+        pad_token_id=0,
+    )
+    return output[0, len(PROMPT) :].tolist()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_greedy_output_matches_reference_at_every_cache_size(tiny_models: dict[str, Path], family: str) -> None:
+    greedy = Sampling(max_new_tokens=NEW_TOKENS)
+    expected = reference_tokens(tiny_models[family], greedy)
+    engine = Engine(load_model(str(tiny_models[family]), device="cpu"))
+    minimum = engine.geometry.minimum_slots / engine.geometry.total_experts
+    try:
+        for policy, ratio in [("full", 1.0), ("lru", 1.0), ("lru", 0.5), ("lru", minimum)]:
+            engine.configure(policy, cache_ratio=ratio)
+            result = engine.generate(PROMPT, greedy)
+            assert result.token_ids == expected, f"{family} {policy} at cache ratio {ratio:.2f}"
+            assert result.stats.cache_slots == round(ratio * engine.geometry.total_experts)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "gpt_oss"])
+def test_seeded_sampling_matches_reference(tiny_models: dict[str, Path], family: str) -> None:
+    sampling = Sampling(max_new_tokens=NEW_TOKENS, greedy=False, temperature=1.3, top_p=0.9, seed=1234)
+    expected = reference_tokens(tiny_models[family], sampling)
+    engine = Engine(load_model(str(tiny_models[family]), device="cpu"))
+    engine.configure("lru", cache_ratio=0.5)
+    try:
+        assert engine.generate(PROMPT, sampling).token_ids == expected
+    finally:
+        engine.close()
+
+
+def test_small_cache_really_offloads(mixtral_dir: Path) -> None:
+    """At the minimum size the cache must evict and reload: misses and copies are counted."""
+    engine = Engine(load_model(str(mixtral_dir), device="cpu"))
+    engine.configure("lru", cache_ratio=engine.geometry.minimum_slots / engine.geometry.total_experts)
+    try:
+        stats = engine.generate(PROMPT, Sampling(max_new_tokens=6)).stats
+    finally:
+        engine.close()
+    assert stats.misses > 0 and stats.h2d_bytes == stats.misses * engine.loaded.host.layout.bytes_per_expert
+    assert stats.hit_rate < 1.0
+
+
+def test_full_policy_copies_nothing_and_hits_always(mixtral_dir: Path) -> None:
+    engine = Engine(load_model(str(mixtral_dir), device="cpu"))
+    engine.configure("full")
+    try:
+        stats = engine.generate(PROMPT, Sampling(max_new_tokens=4)).stats
+    finally:
+        engine.close()
+    assert stats.misses == 0 and stats.h2d_bytes == 0 and stats.hits > 0
+    assert stats.hit_rate == 1.0

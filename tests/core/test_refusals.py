@@ -1,0 +1,122 @@
+"""Every model the engine cannot run is refused with one line and exit status 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import transformers
+
+from seqmoe.cli import main
+
+from .conftest import build_model
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    status = main(["generate", "--prompt", "hi", "--max-new-tokens", "2", "--device", "cpu", *args])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def assert_refused(capsys: pytest.CaptureFixture[str], model: str | Path, *words: str, extra: tuple[str, ...] = ()) -> None:
+    status, out, err = run_cli(capsys, "--model", str(model), *extra)
+    assert status == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("seqmoe: error: "), err
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def copy_model(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    return target
+
+
+def test_missing_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert_refused(capsys, tmp_path / "nowhere", "no such model folder")
+
+
+def test_hub_id_offline(capsys: pytest.CaptureFixture[str]) -> None:
+    assert_refused(capsys, "seqmoe-tests/not-a-real-model", "offline")
+
+
+def test_folder_without_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert_refused(capsys, tmp_path, "no config.json")
+
+
+def test_dense_model_is_not_an_moe(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    folder = build_model(tmp_path / "llama", config)
+    assert_refused(capsys, folder, "LlamaForCausalLM", "not a Mixture-of-Experts")
+
+
+def test_moe_outside_the_experts_interface_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = transformers.JetMoeConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, kv_channels=8,
+                                       num_local_experts=4, num_experts_per_tok=2)
+    folder = build_model(tmp_path / "jetmoe", config)
+    assert_refused(capsys, folder, "JetMoeForCausalLM", "experts interface")
+
+
+def test_remote_code_is_refused_and_never_run(capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path) -> None:
+    folder = copy_model(mixtral_dir, tmp_path / "remote")
+    marker = tmp_path / "remote-code-ran"
+    (folder / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilModel"}
+    (folder / "config.json").write_text(json.dumps(config))
+    assert_refused(capsys, folder, "remote code", "auto_map")
+    assert not marker.exists()
+
+
+def test_missing_weights(capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path) -> None:
+    folder = copy_model(mixtral_dir, tmp_path / "noweights")
+    (folder / "model.safetensors").unlink()
+    assert_refused(capsys, folder, "no weight files")
+
+
+def test_missing_shard_of_an_index(capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path) -> None:
+    folder = copy_model(mixtral_dir, tmp_path / "sharded")
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert_refused(capsys, folder, "model-00002-of-00002.safetensors", "missing")
+
+
+def test_truncated_weights(capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path) -> None:
+    folder = copy_model(mixtral_dir, tmp_path / "truncated")
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) - 1000])
+    assert_refused(capsys, folder, "truncated")
+
+
+def test_missing_tokenizer(capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path) -> None:
+    folder = copy_model(mixtral_dir, tmp_path / "notokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    assert_refused(capsys, folder, "tokenizer")
+
+
+def test_budget_below_minimum(capsys: pytest.CaptureFixture[str], mixtral_dir: Path) -> None:
+    assert_refused(capsys, mixtral_dir, "minimum of 3", "--cache-ratio 0.13", extra=("--cache-ratio", "0.05"))
+
+
+def test_vram_budget_below_resident_weights(capsys: pytest.CaptureFixture[str], mixtral_dir: Path) -> None:
+    assert_refused(capsys, mixtral_dir, "budget of 0.01 GiB", extra=("--vram-budget", "0.01"))
+
+
+def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "seqmoe", "generate", "--model", str(tmp_path / "absent"), "--prompt", "hi"],
+        capture_output=True, text=True, timeout=120, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [f"seqmoe: error: no such model folder: {tmp_path / 'absent'}"]

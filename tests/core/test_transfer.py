@@ -1,0 +1,67 @@
+"""The emulated PCIe link: speed, queue order, cancellation."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from seqmoe.transfer import CopyJob, EmulatedCopier, JobState
+
+
+def job(slot: int, nbytes: int) -> CopyJob:
+    src = torch.randn(nbytes // 4)
+    dst = torch.empty_like(src)
+    return CopyJob(key=(0, slot), slot=slot, pairs=[(dst, src)], nbytes=nbytes)
+
+
+def copy_all(copier: EmulatedCopier, jobs: list[CopyJob]) -> float:
+    """Queue every job, wait for each in order, and return the seconds it took."""
+    start = time.perf_counter()
+    for j in jobs:
+        copier.submit(j)
+    for j in jobs:
+        copier.wait(j)
+    elapsed = time.perf_counter() - start
+    copier.close()
+    return elapsed
+
+
+@pytest.mark.parametrize("gbps", [0.25, 1.0])
+def test_measured_throughput_is_within_20_percent_of_the_setting(gbps: float) -> None:
+    jobs = [job(i, 2 * 2**20) for i in range(24)]
+    elapsed = copy_all(EmulatedCopier(gbytes_per_s=gbps, latency_s=0.0), jobs)
+    measured = sum(j.nbytes for j in jobs) / elapsed / 1e9
+    assert measured == pytest.approx(gbps, rel=0.2)
+    assert all(torch.equal(j.pairs[0][0], j.pairs[0][1]) for j in jobs)
+
+
+def test_latency_is_charged_per_copy() -> None:
+    elapsed = copy_all(EmulatedCopier(gbytes_per_s=1000.0, latency_s=0.02), [job(i, 1024) for i in range(5)])
+    assert elapsed >= 5 * 0.02 * 0.95
+
+
+def test_urgent_copy_overtakes_queued_prefetches_and_cancel_drops_one() -> None:
+    copier = EmulatedCopier(gbytes_per_s=0.1, latency_s=0.0)
+    blocker, queued, dropped, urgent = (job(i, 2 * 2**20) for i in range(4))
+    for j in (blocker, queued, dropped):
+        copier.submit(j)
+    time.sleep(0.005)
+    copier.submit(urgent, urgent=True)
+    assert copier.cancel(dropped)
+    copier.wait(urgent)
+    assert queued.state is not JobState.DONE
+    assert dropped.state is JobState.CANCELLED
+    copier.wait(queued)
+    copier.close()
+    assert not copier.cancel(queued)
+
+
+def test_wait_counts_stall_time() -> None:
+    copier = EmulatedCopier(gbytes_per_s=0.1, latency_s=0.0)
+    j = job(0, 2 * 2**20)
+    copier.submit(j)
+    copier.wait(j)
+    copier.close()
+    assert copier.stall_seconds() > 0.01
