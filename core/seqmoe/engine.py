@@ -22,7 +22,7 @@ from .cache import ExpertCache
 from .errors import BudgetTooSmall, SeqMoEError
 from .events import EventBus, TokenGenerated
 from .loader import LoadedModel
-from .policies import make_policy
+from .policies import Policy, make_policy
 from .stats import GenerationStats
 from .transfer import Copier, CudaCopier, EmulatedCopier
 
@@ -99,6 +99,15 @@ class Engine:
             raise BudgetTooSmall(f"the full policy keeps all experts resident: it needs cache ratio 1 ({need:.2f} GiB)")
         chosen = make_policy(policy)
         self._teardown()
+        try:
+            self._build(policy, chosen, slots)
+        except torch.OutOfMemoryError:
+            self._teardown()
+            raise BudgetTooSmall(
+                f"the device ran out of memory for {slots} expert slots; choose a smaller VRAM budget or cache ratio"
+            ) from None
+
+    def _build(self, policy: str, chosen: Policy, slots: int) -> None:
         base = self.loaded.base_implementation
         if policy == "full":
             self._resident_accesses = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -115,15 +124,22 @@ class Engine:
         self.policy_name = policy
 
     def encode(self, prompt: str, chat: bool) -> list[int]:
-        tokenizer = self.loaded.tokenizer
+        """Token ids of ``prompt``, as plain text or as one user turn of the chat template."""
         if chat:
-            if not tokenizer.chat_template:
-                raise SeqMoEError(f"{self.loaded.path.name} has no chat template; drop --chat")
-            ids = tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-            return list(ids)
-        return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+            return self.encode_messages([{"role": "user", "content": prompt}])
+        return self.loaded.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+    def encode_messages(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a conversation (``role``/``content`` dicts) through the model's chat template,
+        ending with the prompt for the assistant's next turn."""
+        tokenizer = self.loaded.tokenizer
+        if not tokenizer.chat_template:
+            raise SeqMoEError(f"{self.loaded.path.name} has no chat template; use a plain prompt")
+        try:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        except Exception as error:  # templates raise their own errors, e.g. on an unsupported role
+            raise SeqMoEError(f"the chat template of {self.loaded.path.name} rejected the conversation: {error}") from None
+        return list(ids)
 
     def generate(
         self,
@@ -143,18 +159,23 @@ class Engine:
         tokenizer = self.loaded.tokenizer
         start = time.perf_counter()
         streamer.start = start
-        output = self.loaded.model.generate(
-            inputs,
-            attention_mask=torch.ones_like(inputs),
-            max_new_tokens=sampling.max_new_tokens,
-            do_sample=not sampling.greedy,
-            temperature=None if sampling.greedy else sampling.temperature,
-            top_p=None if sampling.greedy else sampling.top_p,
-            top_k=None,
-            streamer=streamer,
-            stopping_criteria=stopping,
-            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-        )
+        try:
+            output = self.loaded.model.generate(
+                inputs,
+                attention_mask=torch.ones_like(inputs),
+                max_new_tokens=sampling.max_new_tokens,
+                do_sample=not sampling.greedy,
+                temperature=None if sampling.greedy else sampling.temperature,
+                top_p=None if sampling.greedy else sampling.top_p,
+                top_k=None,
+                streamer=streamer,
+                stopping_criteria=stopping,
+                pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+            )
+        except torch.OutOfMemoryError:
+            raise SeqMoEError(
+                f"the {self.device.type} ran out of memory while generating; choose a smaller VRAM budget"
+            ) from None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,17 +213,26 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_model(model: str, device: str = "auto", dtype: str | None = None) -> LoadedModel:
+Progress = Callable[[str, float], None]
+"""Told (stage, fraction done) between loading stages; it may raise to cancel the load."""
+
+
+def load_model(model: str, device: str = "auto", dtype: str | None = None, on_progress: Progress | None = None) -> LoadedModel:
     """Open ``model`` with its experts in host memory and everything else on ``device``."""
+    progress = on_progress or (lambda stage, fraction: None)
     target = pick_device(device)
     if dtype is not None and dtype not in DTYPES:
         raise ModelRefused(f"unknown dtype {dtype!r}; choose {', '.join(DTYPES)}")
+    progress("Finding the model", 0.0)
     path = resolve(model)
+    progress("Checking the model", 0.05)
     config = read_config(path)
     check_supported(config)
     check_weights(path)
+    progress("Loading the tokenizer", 0.1)
     tokenizer = load_tokenizer(path)
     top_k = top_k_of(config)
+    progress("Loading the weights", 0.15)
     try:
         hf_model, info = AutoModelForCausalLM.from_pretrained(
             path, dtype=DTYPES[dtype] if dtype else "auto", trust_remote_code=False, output_loading_info=True
@@ -234,11 +244,19 @@ def load_model(model: str, device: str = "auto", dtype: str | None = None) -> Lo
         raise ModelRefused(f"the checkpoint lacks {len(missing)} weights, e.g. {missing[0]}")
     hf_model.eval()
     experts = find_experts(hf_model)
+    progress("Keeping the experts in host memory", 0.7)
     try:
         host = HostStore(experts, pin=target.type == "cuda")
     except ValueError as error:
         raise ModelRefused(f"{type(hf_model).__name__}: {error}; seqmoe needs one expert shape") from None
-    _place(hf_model, experts, host, target)
+    progress(f"Moving the other weights to {target.type}", 0.85)
+    try:
+        _place(hf_model, experts, host, target)
+    except torch.OutOfMemoryError:
+        raise ModelRefused(
+            f"{path.name}'s non-expert weights do not fit in {target.type} memory; free memory or use --device cpu"
+        ) from None
+    progress("Ready", 1.0)
     return LoadedModel(
         path=path,
         model=hf_model,
