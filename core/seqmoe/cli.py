@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from .errors import SeqMoEError
 from .policies import POLICY_NAMES
@@ -35,7 +36,38 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--policies", default="lru", help="comma-separated policies to compare with full")
     bench.add_argument("--cache-ratios", default="0.45", help="comma-separated cache ratios")
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+    trace = commands.add_parser("trace", help="record routing traces of a model over a text")
+    add_model_arguments(trace)
+    add_text_arguments(trace)
+    trace.add_argument("--out", type=Path, required=True, help="folder for the trace shards and manifest")
+
+    train = commands.add_parser("train-predictor", help="train the SeqMoE predictor on routing traces")
+    train.add_argument("--traces", type=Path, required=True)
+    train.add_argument("--out", type=Path, required=True, help="predictor file (.safetensors; a .json config goes beside it)")
+    train.add_argument("--horizon", type=int, default=4, help="how many MoE layers ahead to forecast")
+    train.add_argument("--epochs", type=int, default=30)
+    train.add_argument("--width", type=int, default=192, help="the predictor's model width")
+
+    evaluate = commands.add_parser("eval-predictor", help="forecast quality of the predictor and the baselines")
+    add_model_arguments(evaluate)
+    add_text_arguments(evaluate)
+    evaluate.add_argument("--predictor", type=Path, help="predictor file (default: the calibrated or bundled one)")
+    evaluate.add_argument("--horizon", type=int, help="horizons to report (default: the predictor's)")
+    evaluate.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+
+    calibrate = commands.add_parser("calibrate", help="trace the calibration text and train this model's predictor")
+    add_model_arguments(calibrate)
+    calibrate.add_argument("--text", type=Path, help="calibration text (default: the one shipped in resources/)")
+    calibrate.add_argument("--epochs", type=int, default=30)
     return parser
+
+
+def add_text_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--text", type=Path, required=True, help="UTF-8 text; blank lines separate documents")
+    parser.add_argument("--chat", action="store_true", help="each document's lines are alternating user/assistant turns")
+    parser.add_argument("--max-tokens", type=int, help="stop after this many traced tokens")
+    parser.add_argument("--continuation", type=int, default=48, help="greedy tokens generated after each document")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -134,7 +166,37 @@ def _quiet_transformers() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-COMMANDS = {"generate": run_generate, "bench": run_bench_command}
+def with_engine(command):
+    """A command that runs on the model of ``--model``, its cache configured by the flags."""
+
+    def run(args: argparse.Namespace) -> int:
+        engine = load_engine(args)
+        engine.configure(args.policy, cache_ratio=args.cache_ratio, vram_budget_gb=args.vram_budget)
+        try:
+            return command(engine, args)
+        finally:
+            engine.close()
+
+    return run
+
+
+def run_predictor_command(args: argparse.Namespace) -> int:
+    from .predictor import commands
+
+    if args.command == "train-predictor":
+        return commands.run_train(args)
+    runner = {"trace": commands.run_trace, "eval-predictor": commands.run_eval, "calibrate": commands.run_calibrate}
+    return with_engine(runner[args.command])(args)
+
+
+COMMANDS = {
+    "generate": run_generate,
+    "bench": run_bench_command,
+    "trace": run_predictor_command,
+    "train-predictor": run_predictor_command,
+    "eval-predictor": run_predictor_command,
+    "calibrate": run_predictor_command,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,94 @@
+"""Calibration: trace a model on the shipped calibration text and train its predictor.
+
+Trained predictors are stored in the user cache folder, named by the model's identity,
+and found again automatically; a predictor shipped in ``resources/predictors/`` (the demo
+model's) is found the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import platformdirs
+import torch
+
+from ..loader import LoadedModel
+from ..resources import resources_dir
+from ..trace import Traces, chat_tokenizer, iter_traces, model_identity, plain_tokenizer, read_documents
+from .model import ExpertPredictor, load_predictor, save_predictor
+from .training import TrainingOptions, train_predictor
+
+CALIBRATION_TOKENS = 24_000
+CONTINUATION_TOKENS = 48
+
+
+def calibration_text() -> Path:
+    return resources_dir() / "calibration" / "chat.txt"
+
+
+def user_predictor_path(identity: dict[str, object]) -> Path:
+    cache = Path(platformdirs.user_cache_dir("seqmoe-chat", appauthor=False))
+    return cache / "predictors" / f"{identity['name']}-{str(identity['config_sha256'])[:12]}.safetensors"
+
+
+def bundled_predictor_paths() -> list[Path]:
+    return sorted((resources_dir() / "predictors").glob("*.safetensors"))
+
+
+def find_predictor(loaded: LoadedModel) -> Path | None:
+    """The calibrated (user cache) or bundled predictor made for this model, if any."""
+    identity = model_identity(loaded)
+    for path in [user_predictor_path(identity), *bundled_predictor_paths()]:
+        if path.is_file() and path.with_suffix(".json").is_file():
+            try:
+                load_predictor(path, identity)
+            except Exception:  # a damaged or foreign file is skipped, never fatal
+                continue
+            return path
+    return None
+
+
+def collect_traces(
+    loaded: LoadedModel, text: str, chat: bool, max_tokens: int, continuation: int, on_tokens: Callable[[int], None] | None = None
+) -> Traces:
+    """Trace ``text`` in memory (see ``trace.iter_traces``)."""
+    tokenize = chat_tokenizer(loaded) if chat else plain_tokenizer(loaded)
+    documents = read_documents(text, tokenize)
+    records = list(iter_traces(loaded, documents, continuation, max_tokens, on_tokens))
+    joined = {key: torch.cat([r[key] for r in records]) for key in records[0]}
+    identity = model_identity(loaded)
+    manifest = {"model": identity, "layers": identity["moe_layers"], "experts": identity["num_experts"]}
+    return Traces(manifest=manifest, **joined)
+
+
+def calibrate(
+    loaded: LoadedModel,
+    options: TrainingOptions | None = None,
+    on_progress: Callable[[str, float], None] | None = None,
+    text: Path | None = None,
+) -> tuple[ExpertPredictor, Path]:
+    """Trace the calibration text, train a predictor, store it in the user cache; may be cancelled
+    by ``on_progress`` raising."""
+    report = on_progress or (lambda stage, fraction: None)
+    chat = bool(loaded.tokenizer.chat_template)
+    done = 0
+
+    def traced(tokens: int) -> None:
+        nonlocal done
+        done += tokens
+        report(f"Tracing routing ({done} tokens)", 0.5 * min(done / CALIBRATION_TOKENS, 1.0))
+
+    source = (text or calibration_text()).read_text(encoding="utf-8")
+    traces = collect_traces(loaded, source, chat, CALIBRATION_TOKENS, CONTINUATION_TOKENS, traced)
+    options = options or TrainingOptions()
+
+    def epoch_done(epoch: int, train_loss: float, val_loss: float) -> None:
+        report(f"Training the predictor (epoch {epoch}, validation loss {val_loss:.4f})", 0.5 + 0.5 * epoch / options.epochs)
+
+    predictor = train_predictor(traces, options, on_epoch=epoch_done, progress=False)
+    path = user_predictor_path(model_identity(loaded))
+    save_predictor(predictor, path)
+    report("Calibrated", 1.0)
+    return predictor, path
+

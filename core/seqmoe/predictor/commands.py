@@ -1,0 +1,148 @@
+"""The predictor's commands: ``trace``, ``train-predictor``, ``eval-predictor``, ``calibrate``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+from tqdm.auto import tqdm
+
+from ..engine import Engine, Sampling
+from ..errors import BudgetTooSmall, SeqMoEError
+from ..trace import (
+    chat_tokenizer,
+    find_routers,
+    iter_traces,
+    model_identity,
+    plain_tokenizer,
+    read_documents,
+    read_traces,
+    write_traces,
+)
+from .calibration import calibrate, collect_traces, find_predictor
+from .evaluation import evaluate, frequency_scorer, gate_scorer, predictor_cost, predictor_scorer, previous_token_scorer
+from .model import ExpertPredictor, load_predictor, parameter_limit, save_predictor
+from .samples import positions_of
+from .training import TrainingOptions, train_predictor
+
+
+def _read_text(args: argparse.Namespace) -> str:
+    try:
+        return args.text.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise SeqMoEError(f"cannot read {args.text}: {error}") from None
+
+
+def run_trace(engine: Engine, args: argparse.Namespace) -> int:
+    loaded = engine.loaded
+    tokenize = chat_tokenizer(loaded) if args.chat else plain_tokenizer(loaded)
+    documents = read_documents(_read_text(args), tokenize)
+    bar = tqdm(total=args.max_tokens, desc="trace", unit="tok")
+    records = iter_traces(loaded, documents, args.continuation, args.max_tokens, bar.update)
+    manifest = write_traces(args.out, model_identity(loaded), records)
+    bar.close()
+    print(f"{manifest['tokens']} tokens ({manifest['decode_tokens']} decoded) from {manifest['documents']} documents "
+          f"in {len(manifest['shards'])} shards at {args.out}", file=sys.stderr)
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    traces = read_traces(args.traces)
+    options = TrainingOptions(horizon=args.horizon, epochs=args.epochs, width=args.width)
+    try:
+        predictor = train_predictor(traces, options)
+    except ValueError as error:
+        raise SeqMoEError(str(error)) from None
+    save_predictor(predictor, args.out)
+    report = predictor.config.report
+    print(f"predictor with {report['parameters']:,} parameters, validation loss {report['validation_loss']:.4f} "
+          f"(epoch {report['best_epoch']} of {report['epochs_run']}), saved to {args.out}", file=sys.stderr)
+    return 0
+
+
+def run_eval(engine: Engine, args: argparse.Namespace) -> int:
+    loaded = engine.loaded
+    identity = model_identity(loaded)
+    path = args.predictor or find_predictor(loaded)
+    if path is None:
+        raise SeqMoEError(f"no predictor for {loaded.path.name} yet: run `seqmoe calibrate --model {loaded.path}`")
+    predictor = load_predictor(path, identity, device=loaded.device)
+    horizon = args.horizon or predictor.config.horizon
+    if not 1 <= horizon <= predictor.config.horizon:
+        raise SeqMoEError(f"--horizon must be between 1 and the predictor's {predictor.config.horizon}")
+    traces = collect_traces(loaded, _read_text(args), args.chat, args.max_tokens or 10**9, args.continuation)
+    positions = positions_of(traces, predictor.config.horizon)
+    frequency = torch.tensor(predictor.config.frequency)
+    scorers = {
+        "seqmoe": predictor_scorer(predictor, positions),
+        "gate": gate_scorer(find_routers(loaded), positions),
+        "freq": frequency_scorer(frequency, positions),
+        "prev": previous_token_scorer(frequency, positions),
+    }
+    result = {"tokens": traces.tokens, **evaluate(positions, scorers)}
+    result["horizons"] = result["horizons"][:horizon]
+    for metrics in result["methods"].values():
+        for key in metrics:
+            metrics[key] = metrics[key][:horizon]
+    result["predictor"] = _cost(engine, predictor)
+    if args.json:
+        print(json.dumps(result))
+    print(format_eval(result), file=sys.stderr)
+    return 0
+
+
+def _cost(engine: Engine, predictor: ExpertPredictor) -> dict[str, object]:
+    """The predictor's cost per decode step: one forecast per MoE layer, against a decode step."""
+    loaded = engine.loaded
+    try:
+        engine.configure("full")
+    except BudgetTooSmall:
+        engine.configure("lru", cache_ratio=0.5)
+    prompt = engine.encode("Hi! What do you like to do on weekends?", chat=bool(loaded.tokenizer.chat_template))
+    engine.generate(prompt, Sampling(max_new_tokens=4))
+    step = 1.0 / max(engine.generate(prompt, Sampling(max_new_tokens=32)).stats.decode_tokens_per_s, 1e-9)
+    forecast = predictor_cost(predictor)
+    layers = loaded.host.num_layers
+    parameters = sum(p.numel() for p in predictor.parameters())
+    return {
+        "parameters": parameters,
+        "parameter_limit": parameter_limit(loaded.resident_bytes // loaded.host.layout.dtype.itemsize),
+        "ms_per_forecast": 1000 * forecast,
+        "forecasts_per_decode_step": layers,
+        "decode_step_ms": 1000 * step,
+        "cost_fraction_of_decode_step": layers * forecast / step,
+        "device": str(loaded.device),
+    }
+
+
+def format_eval(result: dict[str, object]) -> str:
+    horizons = result["horizons"]
+    lines = [f"{result['tokens']} tokens, top-k {result['top_k']}; recall@k (recall@2k) per horizon"]
+    lines.append(f"{'method':<8}" + "".join(f"{'h=' + str(h):>16}" for h in horizons))
+    for name, metrics in result["methods"].items():
+        cells = "".join(f"{a:>9.1%} ({b:>4.0%})" for a, b in zip(metrics["recall@k"], metrics["recall@2k"]))
+        lines.append(f"{name:<8}{cells}")
+    cost = result["predictor"]
+    lines.append(
+        f"predictor: {cost['parameters']:,} parameters, {cost['ms_per_forecast']:.3f} ms per forecast x "
+        f"{cost['forecasts_per_decode_step']} per token = {cost['cost_fraction_of_decode_step']:.1%} "
+        f"of a {cost['decode_step_ms']:.1f} ms decode step on {cost['device']}"
+    )
+    return "\n".join(lines)
+
+
+def run_calibrate(engine: Engine, args: argparse.Namespace) -> int:
+    bar = tqdm(total=100, desc="calibrate", unit="%")
+
+    def progress(stage: str, fraction: float) -> None:
+        bar.set_description(stage)
+        bar.update(round(100 * fraction) - bar.n)
+
+    predictor, path = calibrate(engine.loaded, TrainingOptions(epochs=args.epochs), progress, args.text)
+    bar.close()
+    report = predictor.config.report
+    print(f"calibrated in {report['seconds']:.0f} s of training: validation loss {report['validation_loss']:.4f}; "
+          f"predictor saved to {path}", file=sys.stderr)
+    return 0

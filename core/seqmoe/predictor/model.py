@@ -1,0 +1,115 @@
+"""The SeqMoE predictor: a small sequence-to-sequence forecaster of future experts.
+
+At MoE layer ``l`` of the current token, once the router has chosen, the predictor reads
+an input sequence of two items, the layer's input hidden state and the experts just
+chosen (both tagged with the layer), and encodes them into one context vector. The
+decoder emits the output sequence: for each horizon ``h = 1..H`` a query names the target
+layer ``(l + h) mod L`` (past the last layer it is the next token's), is combined with the
+context, and yields one logit per expert of that layer.
+
+The decoder is non-autoregressive (all horizons in one batched pass): a forecast runs at
+every MoE layer of every token, so it must cost a handful of small matrix products, not
+``H`` sequential steps.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from torch.nn import functional as F
+
+from ..errors import SeqMoEError
+
+
+@dataclass
+class PredictorConfig:
+    hidden_size: int
+    num_layers: int
+    num_experts: int
+    top_k: int
+    horizon: int = 4
+    width: int = 192
+    model: dict[str, object] = field(default_factory=dict)
+    """The identity of the model the predictor was trained for (see ``trace.model_identity``)."""
+    frequency: list[list[float]] = field(default_factory=list)
+    """Per-layer share of routed tokens per expert in the training traces: the ``freq`` prior."""
+    report: dict[str, object] = field(default_factory=dict)
+
+
+class ExpertPredictor(nn.Module):
+    def __init__(self, config: PredictorConfig) -> None:
+        super().__init__()
+        self.config = config
+        width, layers, experts = config.width, config.num_layers, config.num_experts
+        self.input_norm = nn.LayerNorm(config.hidden_size)
+        self.input_proj = nn.Linear(config.hidden_size, width)
+        self.layer_embedding = nn.Embedding(layers, width)
+        self.expert_embedding = nn.Embedding(layers * experts, width)
+        self.encoder_out = nn.Linear(width, width)
+        self.query_embedding = nn.Embedding(layers * config.horizon, width)
+        self.decoder_hidden = nn.Linear(width, width)
+        self.head = nn.Linear(width, experts)
+        self.target_bias = nn.Embedding(layers, experts)
+        nn.init.zeros_(self.target_bias.weight)
+        self.register_buffer("horizons", torch.arange(1, config.horizon + 1), persistent=False)
+
+    def forward(self, hidden: torch.Tensor, layer: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
+        """Logits ``[N, H, E]`` from hidden states ``[N, hidden]``, layer ids ``[N]`` and routed experts ``[N, k]``."""
+        cfg = self.config
+        state = self.input_proj(self.input_norm(hidden.to(self.input_proj.weight.dtype)))
+        choice = self.expert_embedding(layer.unsqueeze(1) * cfg.num_experts + routed.long()).sum(dim=1)
+        context = self.encoder_out(F.gelu(state + choice + self.layer_embedding(layer)))
+        target = (layer.unsqueeze(1) + self.horizons) % cfg.num_layers
+        # A query per (source layer, horizon): where the forecast starts matters as much as where it lands.
+        queries = self.query_embedding(layer.unsqueeze(1) * cfg.horizon + self.horizons - 1)
+        decoded = F.gelu(context.unsqueeze(1) + queries)
+        decoded = decoded + F.gelu(self.decoder_hidden(decoded))
+        return self.head(decoded) + self.target_bias(target)
+
+    @torch.inference_mode()
+    def predict(self, hidden: torch.Tensor, layer: int, routed: torch.Tensor) -> torch.Tensor:
+        """Probabilities ``[H, E]`` that each expert of layers ``l+1 .. l+H`` is used, for one token."""
+        layer_ids = self._layer_ids[layer] if hasattr(self, "_layer_ids") else None
+        if layer_ids is None or layer_ids.device != hidden.device:
+            self._layer_ids = torch.arange(self.config.num_layers, device=hidden.device).unsqueeze(1)
+            layer_ids = self._layer_ids[layer]
+        return torch.sigmoid(self(hidden.reshape(1, -1), layer_ids, routed.reshape(1, -1)))[0]
+
+
+def save_predictor(predictor: ExpertPredictor, path: Path) -> None:
+    """``path`` (safetensors weights) and ``path`` with suffix ``.json`` (its config)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in predictor.state_dict().items()}, str(path))
+    path.with_suffix(".json").write_text(json.dumps(asdict(predictor.config), indent=1))
+
+
+def load_predictor(path: Path, identity: dict[str, object] | None = None, device: str | torch.device = "cpu") -> ExpertPredictor:
+    """Load a predictor; refuse it if ``identity`` is given and it was trained for another model."""
+    config_file = path.with_suffix(".json")
+    if not path.is_file() or not config_file.is_file():
+        raise SeqMoEError(f"no predictor at {path} (it needs {path.name} and {config_file.name})")
+    config = PredictorConfig(**json.loads(config_file.read_text()))
+    if identity is not None and not same_model(config.model, identity):
+        raise SeqMoEError(
+            f"predictor {path.name} was trained for {config.model.get('name')} "
+            f"({config.model.get('architecture')}), not for {identity.get('name')} ({identity.get('architecture')}); "
+            "calibrate one for this model with `seqmoe calibrate`"
+        )
+    predictor = ExpertPredictor(config)
+    predictor.load_state_dict(load_file(str(path)))
+    return predictor.to(device).eval()
+
+
+def same_model(a: dict[str, object], b: dict[str, object]) -> bool:
+    keys = ("architecture", "config_sha256", "moe_layers", "num_experts", "top_k", "hidden_size")
+    return all(a.get(key) == b.get(key) for key in keys)
+
+
+def parameter_limit(non_expert_parameters: int) -> int:
+    """At most 5 M parameters or 2% of the model's non-expert parameters, whichever is larger."""
+    return max(5_000_000, non_expert_parameters // 50)

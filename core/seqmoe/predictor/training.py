@@ -1,0 +1,124 @@
+"""Training the predictor on routing traces, with validation by document and early stopping."""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+from tqdm.auto import tqdm
+
+from ..trace import Traces
+from .model import ExpertPredictor, PredictorConfig
+from .samples import Positions, positions_of, split_documents
+
+
+@dataclass
+class TrainingOptions:
+    horizon: int = 4
+    epochs: int = 30
+    batch_size: int = 512
+    learning_rate: float = 2e-3
+    patience: int = 4
+    width: int = 192
+    seed: int = 0
+
+
+EpochCallback = Callable[[int, float, float], None]
+"""Told (epoch, training loss, validation loss) after each epoch; it may raise to cancel."""
+
+
+def loss_on(predictor: ExpertPredictor, positions: Positions, batch: torch.Tensor) -> torch.Tensor:
+    logits = predictor(positions.hidden[batch].float(), positions.layer[batch], positions.experts[batch])
+    targets = positions.multi_hot(batch)
+    valid = (positions.target[batch] >= 0).unsqueeze(-1).expand_as(targets).float()
+    loss = F.binary_cross_entropy_with_logits(logits, targets, weight=valid, reduction="sum")
+    return loss / valid.sum().clamp(min=1)
+
+
+@torch.no_grad()
+def validation_loss(predictor: ExpertPredictor, positions: Positions, held: torch.Tensor, batch_size: int) -> float:
+    predictor.eval()
+    total, count = 0.0, 0
+    for start in range(0, held.numel(), 4 * batch_size):
+        batch = held[start : start + 4 * batch_size]
+        total += loss_on(predictor, positions, batch).item() * batch.numel()
+        count += batch.numel()
+    return total / max(count, 1)
+
+
+def train_predictor(
+    traces: Traces,
+    options: TrainingOptions,
+    on_epoch: EpochCallback | None = None,
+    progress: bool = True,
+) -> ExpertPredictor:
+    """A predictor trained on ``traces``; the epoch with the lowest validation loss is kept."""
+    torch.manual_seed(options.seed)
+    positions = positions_of(traces, options.horizon)
+    train_docs, held_docs = split_documents(traces.document)
+    train, held = positions.subset(train_docs), positions.subset(held_docs)
+    manifest = traces.manifest
+    config = PredictorConfig(
+        hidden_size=positions.hidden.shape[1],
+        num_layers=positions.num_layers,
+        num_experts=positions.num_experts,
+        top_k=positions.experts.shape[1],
+        horizon=options.horizon,
+        width=options.width,
+        model=dict(manifest["model"]),
+        frequency=positions.frequency(train).tolist(),
+    )
+    predictor = ExpertPredictor(config)
+    steps_per_epoch = math.ceil(train.numel() / options.batch_size)
+    optimizer = torch.optim.AdamW(predictor.parameters(), lr=options.learning_rate, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=options.learning_rate, total_steps=options.epochs * steps_per_epoch, pct_start=0.1
+    )
+    initial_loss = validation_loss(predictor, positions, held, options.batch_size)
+    best_loss, best_state, best_epoch, stale = initial_loss, None, 0, 0
+    started = time.perf_counter()
+    bar = tqdm(total=options.epochs * steps_per_epoch, desc="train-predictor", disable=not progress, unit="step")
+    for epoch in range(1, options.epochs + 1):
+        predictor.train()
+        order = train[torch.randperm(train.numel())]
+        running = 0.0
+        for step in range(steps_per_epoch):
+            batch = order[step * options.batch_size : (step + 1) * options.batch_size]
+            loss = loss_on(predictor, positions, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            running += loss.item()
+            bar.update()
+        train_loss = running / steps_per_epoch
+        val_loss = validation_loss(predictor, positions, held, options.batch_size)
+        bar.set_postfix(train=f"{train_loss:.4f}", val=f"{val_loss:.4f}")
+        if on_epoch is not None:
+            on_epoch(epoch, train_loss, val_loss)
+        if val_loss < best_loss:
+            best_loss, best_state, best_epoch, stale = val_loss, copy.deepcopy(predictor.state_dict()), epoch, 0
+        else:
+            stale += 1
+            if stale >= options.patience:
+                break
+    bar.close()
+    if best_state is not None:
+        predictor.load_state_dict(best_state)
+    config.report = {
+        "training_tokens": int(traces.tokens),
+        "training_positions": int(train.numel()),
+        "validation_positions": int(held.numel()),
+        "best_epoch": best_epoch,
+        "epochs_run": epoch,
+        "initial_validation_loss": initial_loss,
+        "validation_loss": best_loss,
+        "seconds": round(time.perf_counter() - started, 1),
+        "parameters": sum(p.numel() for p in predictor.parameters()),
+    }
+    return predictor.eval()

@@ -1,0 +1,280 @@
+"""Routing traces: what every MoE layer saw and chose, token by token.
+
+A trace folder holds ``manifest.json`` and shards ``shard-00000.safetensors``, ... Each
+shard has, for its ``T`` tokens and the model's ``L`` MoE layers (see README, "Trace
+format"):
+
+- ``hidden``   float16 ``[T, L, hidden_size]``: the MoE input hidden state;
+- ``experts``  int16   ``[T, L, top_k]``: the experts the router chose;
+- ``probs``    float16 ``[T, L, num_experts]``: softmax of the router's logits;
+- ``document`` int32   ``[T]``: which document (or conversation) the token belongs to;
+- ``decode``   uint8   ``[T]``: 1 for tokens produced by greedy continuation, 0 for prefill.
+
+Tokens are in model order: token ``t+1`` of a document follows token ``t``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import DynamicCache
+
+from .errors import SeqMoEError
+from .loader import LoadedModel
+
+FORMAT_VERSION = 1
+SHARD_TOKENS = 8192
+_INDEX_KWARGS = ("top_k_index", "router_indices", "selected_experts")
+
+
+def model_identity(loaded: LoadedModel) -> dict[str, object]:
+    """What makes traces and predictors of one model unusable with another."""
+    config_bytes = (loaded.path / "config.json").read_bytes()
+    layout = loaded.host.layout
+    return {
+        "architecture": loaded.architecture,
+        "name": loaded.path.name,
+        "config_sha256": hashlib.sha256(config_bytes).hexdigest(),
+        "moe_layers": loaded.host.num_layers,
+        "num_experts": layout.num_experts,
+        "top_k": loaded.top_k,
+        "hidden_size": loaded.config.get_text_config().hidden_size,
+    }
+
+
+def find_routers(loaded: LoadedModel) -> list[nn.Module]:
+    """For each experts module, the sibling module whose weight maps hidden states to expert logits."""
+    parents = {id(child): parent for parent in loaded.model.modules() for child in parent.children()}
+    hidden = loaded.config.get_text_config().hidden_size
+    routers = []
+    for experts in loaded.experts:
+        block = parents[id(experts)]
+        shape = (loaded.host.layout.num_experts, hidden)
+        found = [
+            child
+            for child in block.children()
+            if child is not experts and isinstance(getattr(child, "weight", None), torch.Tensor) and tuple(child.weight.shape) == shape
+        ]
+        if not found:
+            raise SeqMoEError(f"cannot find the router of {type(block).__name__} (a weight of shape {shape})")
+        routers.append(found[0])
+    return routers
+
+
+def router_logits(output: object) -> torch.Tensor:
+    """Routers return their logits alone or first in a tuple."""
+    return output[0] if isinstance(output, tuple) else output
+
+
+class RoutingRecorder:
+    """Forward hooks that capture each MoE layer's input, choice and router logits."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.layers = loaded.host.num_layers
+        self.hidden: list[torch.Tensor | None] = [None] * self.layers
+        self.experts: list[torch.Tensor | None] = [None] * self.layers
+        self.logits: list[torch.Tensor | None] = [None] * self.layers
+        self._handles = []
+        for index, (experts, router) in enumerate(zip(loaded.experts, find_routers(loaded))):
+            self._handles.append(experts.register_forward_pre_hook(self._experts_hook(index), with_kwargs=True))
+            self._handles.append(router.register_forward_hook(self._router_hook(index)))
+
+    def _experts_hook(self, index: int) -> Callable:
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            chosen = args[1] if len(args) > 1 else next(kwargs[k] for k in _INDEX_KWARGS if k in kwargs)
+            self.hidden[index] = hidden.detach().to("cpu", torch.float16)
+            self.experts[index] = chosen.detach().to("cpu", torch.int16)
+
+        return hook
+
+    def _router_hook(self, index: int) -> Callable:
+        def hook(module: nn.Module, args: tuple, output: object) -> None:
+            self.logits[index] = router_logits(output).detach().float().to("cpu")
+
+        return hook
+
+    def take(self) -> dict[str, torch.Tensor]:
+        """The records of the last forward pass, stacked to ``[T, L, ...]``."""
+        if any(x is None for x in self.hidden + self.experts + self.logits):
+            raise SeqMoEError("a forward pass did not reach every MoE layer")
+        record = {
+            "hidden": torch.stack(self.hidden, dim=1),
+            "experts": torch.stack(self.experts, dim=1),
+            "probs": torch.softmax(torch.stack(self.logits, dim=1), dim=-1).to(torch.float16),
+        }
+        self.hidden = [None] * self.layers
+        self.experts = [None] * self.layers
+        self.logits = [None] * self.layers
+        return record
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+@dataclass
+class Document:
+    """Token ids to prefill, then how many tokens to continue greedily."""
+
+    ids: list[int]
+    continuation: int
+
+
+def read_documents(text: str, tokenize: Callable[[list[str]], list[int]]) -> list[list[int]]:
+    """Blank-line separated paragraphs of ``text``, each tokenized by ``tokenize(lines)``."""
+    paragraphs = [p.strip() for p in text.split("\n\n")]
+    return [tokenize([line.strip() for line in p.splitlines() if line.strip()]) for p in paragraphs if p]
+
+
+def chat_tokenizer(loaded: LoadedModel) -> Callable[[list[str]], list[int]]:
+    """Lines alternate user and assistant turns; the result ends with the assistant's prompt."""
+    tokenizer = loaded.tokenizer
+
+    def tokenize(lines: list[str]) -> list[int]:
+        turns = lines if len(lines) % 2 == 1 else lines[:-1]
+        messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": line} for i, line in enumerate(turns)]
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+    return tokenize
+
+
+def plain_tokenizer(loaded: LoadedModel) -> Callable[[list[str]], list[int]]:
+    tokenizer = loaded.tokenizer
+    return lambda lines: tokenizer(" ".join(lines), add_special_tokens=True)["input_ids"]
+
+
+@torch.inference_mode()
+def trace_document(
+    loaded: LoadedModel, recorder: RoutingRecorder, document: Document, chunk: int = 128
+) -> dict[str, torch.Tensor]:
+    """Prefill ``document`` in chunks, then continue greedily, recording every token."""
+    model = loaded.model
+    cache = DynamicCache(config=model.config)
+    records, decode_flags = [], []
+    ids = torch.tensor([document.ids], device=loaded.device)
+    logits = None
+    for start in range(0, ids.shape[1], chunk):
+        piece = ids[:, start : start + chunk]
+        logits = model(input_ids=piece, cache=cache, use_cache=True).logits
+        records.append(recorder.take())
+        decode_flags.append(torch.zeros(piece.shape[1], dtype=torch.uint8))
+    eos = set(_eos_ids(loaded))
+    for _ in range(document.continuation):
+        token = logits[:, -1].argmax(dim=-1, keepdim=True)
+        if token.item() in eos:
+            break
+        logits = model(input_ids=token, cache=cache, use_cache=True).logits
+        records.append(recorder.take())
+        decode_flags.append(torch.ones(1, dtype=torch.uint8))
+    merged = {key: torch.cat([r[key] for r in records]) for key in records[0]}
+    merged["decode"] = torch.cat(decode_flags)
+    return merged
+
+
+def _eos_ids(loaded: LoadedModel) -> list[int]:
+    eos = loaded.model.generation_config.eos_token_id
+    if eos is None:
+        eos = loaded.tokenizer.eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+def iter_traces(
+    loaded: LoadedModel,
+    documents: list[list[int]],
+    continuation: int,
+    max_tokens: int | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Trace each document in turn until ``max_tokens`` tokens are recorded."""
+    recorder = RoutingRecorder(loaded)
+    recorded = 0
+    try:
+        for index, ids in enumerate(documents):
+            if max_tokens is not None and recorded >= max_tokens:
+                break
+            record = trace_document(loaded, recorder, Document(ids, continuation))
+            record["document"] = torch.full((record["decode"].shape[0],), index, dtype=torch.int32)
+            recorded += record["decode"].shape[0]
+            if on_progress is not None:
+                on_progress(record["decode"].shape[0])
+            yield record
+    finally:
+        recorder.close()
+
+
+@dataclass
+class Traces:
+    """A trace folder, loaded: the manifest and the tensors of all shards concatenated."""
+
+    manifest: dict[str, object]
+    hidden: torch.Tensor
+    experts: torch.Tensor
+    probs: torch.Tensor
+    document: torch.Tensor
+    decode: torch.Tensor
+
+    @property
+    def tokens(self) -> int:
+        return self.document.shape[0]
+
+
+def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[str, torch.Tensor]]) -> dict[str, object]:
+    """Write ``records`` as shards of about ``SHARD_TOKENS`` tokens and the manifest last."""
+    out.mkdir(parents=True, exist_ok=True)
+    shards, pending, pending_tokens = [], [], 0
+    totals = {"tokens": 0, "decode_tokens": 0, "documents": 0}
+
+    def flush() -> None:
+        nonlocal pending, pending_tokens
+        if not pending:
+            return
+        tensors = {key: torch.cat([r[key] for r in pending]).contiguous() for key in pending[0]}
+        name = f"shard-{len(shards):05d}.safetensors"
+        save_file(tensors, str(out / name))
+        shards.append({"file": name, "tokens": tensors["document"].shape[0]})
+        pending, pending_tokens = [], 0
+
+    for record in records:
+        pending.append(record)
+        pending_tokens += record["document"].shape[0]
+        totals["tokens"] += record["document"].shape[0]
+        totals["decode_tokens"] += int(record["decode"].sum())
+        totals["documents"] += 1
+        if pending_tokens >= SHARD_TOKENS:
+            flush()
+    flush()
+    if not shards:
+        raise SeqMoEError("the text produced no tokens to trace")
+    manifest = {
+        "format": "seqmoe-trace",
+        "version": FORMAT_VERSION,
+        "model": identity,
+        "layers": identity["moe_layers"],
+        "experts": identity["num_experts"],
+        "top_k": identity["top_k"],
+        **totals,
+        "prefill_tokens": totals["tokens"] - totals["decode_tokens"],
+        "shards": shards,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def read_traces(folder: Path) -> Traces:
+    manifest_file = folder / "manifest.json"
+    if not manifest_file.is_file():
+        raise SeqMoEError(f"{folder} holds no traces (no manifest.json)")
+    manifest = json.loads(manifest_file.read_text())
+    if manifest.get("format") != "seqmoe-trace" or manifest.get("version") != FORMAT_VERSION:
+        raise SeqMoEError(f"{folder} holds traces of an unknown format or version")
+    shards = [load_file(str(folder / shard["file"])) for shard in manifest["shards"]]
+    joined = {key: torch.cat([s[key] for s in shards]) for key in shards[0]}
+    return Traces(manifest=manifest, **joined)

@@ -1,0 +1,130 @@
+"""Routing traces, predictor training, refusal of a foreign predictor, and the forecast metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqmoe import Engine, SeqMoEError, load_model
+from seqmoe.cli import main
+from seqmoe.predictor import load_predictor, save_predictor
+from seqmoe.predictor.evaluation import evaluate, frequency_scorer, hits_at, previous_token_scorer
+from seqmoe.predictor.samples import Positions, positions_of
+from seqmoe.predictor.training import TrainingOptions, train_predictor
+from seqmoe.trace import find_routers, model_identity, read_traces
+
+CHAT_TEXT = "\n\n".join(
+    f"hello there number {i}\nhi, how are you today?\nfine thanks, and you {i}?" for i in range(12)
+)
+
+
+@pytest.fixture(scope="module")
+def traced(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(model folder, trace folder) of the tiny Qwen3-MoE traced over a small chat text."""
+    text = tmp_path_factory.mktemp("text") / "chat.txt"
+    text.write_text(CHAT_TEXT)
+    out = tmp_path_factory.mktemp("traces")
+    model = tiny_models["qwen3_moe"]
+    status = main(["trace", "--model", str(model), "--text", str(text), "--chat", "--continuation", "6",
+                   "--out", str(out), "--device", "cpu"])
+    assert status == 0
+    return model, out
+
+
+def test_trace_round_trip_records_the_routers_real_choice(traced: tuple[Path, Path]) -> None:
+    model_dir, out = traced
+    traces = read_traces(out)
+    manifest = traces.manifest
+    tokens, layers, k, experts = manifest["tokens"], manifest["layers"], manifest["top_k"], manifest["experts"]
+    assert (manifest["documents"], layers, experts, k) == (12, 3, 8, 4)
+    assert manifest["decode_tokens"] > 0 and manifest["prefill_tokens"] > manifest["decode_tokens"]
+    assert traces.hidden.shape == (tokens, layers, 32) and traces.hidden.dtype == torch.float16
+    assert traces.experts.shape == (tokens, layers, k)
+    assert traces.probs.shape == (tokens, layers, experts)
+    # Qwen3-MoE routes to the top-k of its softmax: the recorded choice must be exactly that
+    # (up to ties in the float16 probabilities).
+    probs = traces.probs.float()
+    kth_best = probs.topk(k, dim=-1).values[..., -1:]
+    chosen = probs.gather(-1, traces.experts.long())
+    assert (chosen >= kth_best - 1e-3).all()
+    assert (traces.experts.long().sort(dim=-1).values.diff(dim=-1) > 0).all()
+    # The recorded hidden state is what the router saw.
+    engine = Engine(load_model(str(model_dir), device="cpu"))
+    router = find_routers(engine.loaded)[1]
+    with torch.no_grad():
+        logits = router.weight @ traces.hidden[:5, 1].float().T
+    assert torch.allclose(torch.softmax(logits.T, dim=-1), traces.probs[:5, 1].float(), atol=2e-3)
+    assert manifest["model"] == model_identity(engine.loaded)
+
+
+def test_training_lowers_validation_loss_and_saves_a_loadable_predictor(traced: tuple[Path, Path], tmp_path: Path) -> None:
+    model_dir, out = traced
+    predictor = train_predictor(read_traces(out), TrainingOptions(epochs=4, width=32), progress=False)
+    report = predictor.config.report
+    assert report["validation_loss"] < report["initial_validation_loss"]
+    path = tmp_path / "p.safetensors"
+    save_predictor(predictor, path)
+    engine = Engine(load_model(str(model_dir), device="cpu"))
+    loaded = load_predictor(path, model_identity(engine.loaded))
+    hidden, routed = torch.randn(32), torch.tensor([0, 1, 2, 3])
+    assert torch.equal(loaded.predict(hidden, 1, routed), predictor.predict(hidden, 1, routed))
+    assert loaded.predict(hidden, 1, routed).shape == (4, 8)
+
+
+def test_predictor_for_another_model_is_refused(traced: tuple[Path, Path], tiny_models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, out = traced
+    predictor = train_predictor(read_traces(out), TrainingOptions(epochs=1, width=16), progress=False)
+    path = tmp_path / "qwen3.safetensors"
+    save_predictor(predictor, path)
+    other = Engine(load_model(str(tiny_models["olmoe"]), device="cpu"))
+    with pytest.raises(SeqMoEError, match="trained for qwen3_moe"):
+        load_predictor(path, model_identity(other.loaded))
+    text = tmp_path / "t.txt"
+    text.write_text("hello")
+    status = main(["eval-predictor", "--model", str(tiny_models["olmoe"]), "--text", str(text),
+                   "--predictor", str(path), "--device", "cpu"])
+    assert status == 2
+    assert "calibrate" in capsys.readouterr().err
+
+
+def test_hits_count_the_actual_experts_among_the_best_scores() -> None:
+    scores = torch.tensor([[0.9, 0.1, 0.8, 0.3], [0.2, 0.7, 0.1, 0.6]])
+    actual = torch.tensor([[0, 3], [1, 3]])
+    assert hits_at(scores, actual, 2).tolist() == [1, 2]
+    assert hits_at(scores, actual, 3).tolist() == [2, 2]
+
+
+def hand_made_positions() -> Positions:
+    """One document of 3 tokens x 2 layers, 4 experts, top-1, horizon 2."""
+    experts = torch.tensor([[0], [1], [0], [2], [3], [2]])
+    return Positions(
+        hidden=torch.zeros(6, 1), layer=torch.tensor([0, 1, 0, 1, 0, 1]), experts=experts,
+        document=torch.zeros(6, dtype=torch.long),
+        target=torch.tensor([[1, 2], [2, 3], [3, 4], [4, 5], [5, -1], [-1, -1]]), num_layers=2, num_experts=4,
+    )
+
+
+def test_recall_by_horizon_on_a_hand_made_trace() -> None:
+    positions = hand_made_positions()
+    frequency = torch.tensor([[0.5, 0.1, 0.1, 0.3], [0.1, 0.2, 0.6, 0.1]])
+    result = evaluate(positions, {"freq": frequency_scorer(frequency, positions),
+                                  "prev": previous_token_scorer(frequency, positions)})
+    # freq always guesses expert 0 at layer 0 and expert 2 at layer 1.
+    # horizon 1 targets: p1 (layer 1, expert 1), p2 (0, 0), p3 (1, 2), p4 (0, 3), p5 (1, 2) -> 3 of 5
+    # horizon 2 targets: p2 (0, 0), p3 (1, 2), p4 (0, 3), p5 (1, 2) -> 3 of 4
+    assert result["methods"]["freq"]["recall@k"] == pytest.approx([3 / 5, 3 / 4])
+    # prev guesses the expert the previous token used at the target layer; the first token has none.
+    # horizon 1: p1 -> freq (2, miss), p2 -> p0 (0, hit), p3 -> p1 (1, miss), p4 -> p2 (0, miss), p5 -> p3 (2, hit)
+    assert result["methods"]["prev"]["recall@k"][0] == pytest.approx(2 / 5)
+    assert result["methods"]["prev"]["precision@k"] == result["methods"]["prev"]["recall@k"]
+
+
+def test_positions_wrap_into_the_next_token_but_not_the_next_document(traced: tuple[Path, Path]) -> None:
+    traces = read_traces(traced[1])
+    positions = positions_of(traces, horizon=4)
+    layers = positions.num_layers
+    first_of_second_doc = int((traces.document == 1).nonzero()[0]) * layers
+    assert positions.target[0].tolist() == [1, 2, 3, 4]
+    assert positions.target[first_of_second_doc - 1].tolist() == [-1, -1, -1, -1]
