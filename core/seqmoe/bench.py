@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .engine import Engine, Sampling
+from .events import LayerRouted
 from .stats import GenerationStats
 
 
@@ -45,16 +46,36 @@ def run_bench(
     engine.generate(prompt_ids, Sampling(max_new_tokens=4))
     reference = engine.generate(prompt_ids, greedy)
     rows = [BenchRow("full", 1.0, reference.stats, 1.0, True)]
-    for policy in policies:
-        if policy == "full":
-            continue
-        for ratio in ratios:
-            engine.configure(policy, cache_ratio=ratio)
+    for ratio in ratios:
+        future = None
+        for policy in policies:
+            if policy == "full":
+                continue
+            if policy == "oracle" and future is None:
+                future = record_future(engine, prompt_ids, greedy, ratio)
+            engine.configure(policy, cache_ratio=ratio, future=future if policy == "oracle" else None)
             result = engine.generate(prompt_ids, greedy)
             speed = result.stats.decode_tokens_per_s / reference.stats.decode_tokens_per_s
             rows.append(BenchRow(policy, ratio, result.stats, speed, result.token_ids == reference.token_ids))
     engine.close()
     return rows
+
+
+def record_future(engine: Engine, prompt_ids: list[int], sampling: Sampling, ratio: float) -> list[tuple[int, frozenset[int]]]:
+    """Every cache access of the greedy run at this cache size, for the oracle to know in advance."""
+    accesses: list[tuple[int, frozenset[int]]] = []
+
+    def listen(event: object) -> None:
+        if isinstance(event, LayerRouted):
+            accesses.append((event.layer, frozenset(event.experts)))
+
+    engine.configure("lru", cache_ratio=ratio)
+    engine.events.subscribe(listen)
+    try:
+        engine.generate(prompt_ids, sampling)
+    finally:
+        engine.events.unsubscribe(listen)
+    return accesses
 
 
 def format_table(rows: list[BenchRow]) -> str:

@@ -2,20 +2,45 @@
 
 ``acquire`` is the only way compute gets at an expert: it pins the slots a layer needs,
 loads the misses ahead of every queued prefetch and makes compute wait until each slot
-is ready. ``release`` unpins them when the layer is done; a pinned slot is never chosen
-as a victim, so a layer never computes with weights that are being overwritten.
+is ready. ``release`` unpins them when the layer is done. A pinned slot, or one whose
+copy is still on its way (needed by a layer in flight), is never chosen as a victim, so a
+layer never computes with weights that are being overwritten.
+
+``plan`` turns a policy's forecast into prefetches (JSD, see ``scheduler``) after every
+decode layer; ``stream`` loads the next layer's experts during prefill.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from .events import EventBus, ExpertEvicted, LayerRouted
-from .policies import Policy
+from .events import EventBus, ExpertEvicted, LayerRouted, PrefetchCancelled, PrefetchIssued
+from .policies import Forecast, Policy
+from .scheduler import Job, schedule
 from .store import HostStore, SlotPool, SlotState
-from .transfer import Copier, CopyJob, ExpertKey
+from .transfer import Copier, CopyJob, ExpertKey, JobState
+
+PHASES = ("prefill", "decode")
+LAYER_TIME_SMOOTHING = 0.2
+
+
+@dataclass
+class PhaseCounters:
+    hits: int = 0
+    misses: int = 0
+
+
+@dataclass
+class PrefetchCounters:
+    issued: int = 0
+    used: int = 0
+    unused: int = 0
+    """Evicted or cancelled before any layer used them."""
+    cancelled: int = 0
 
 
 class ExpertCache:
@@ -33,15 +58,30 @@ class ExpertCache:
         self.copier = copier
         self.policy = policy
         self.events = events
-        self.hits = 0
-        self.misses = 0
+        self.phases = {phase: PhaseCounters() for phase in PHASES}
+        self.prefetches = PrefetchCounters()
+        self._queued: dict[ExpertKey, CopyJob] = {}
+        self._prefetched: set[ExpertKey] = set()
+        self.layer_seconds: float | None = None
+        self._last_decode_layer_at: float | None = None
 
     @property
     def size(self) -> int:
         return self.pool.size
 
+    @property
+    def hits(self) -> int:
+        return sum(c.hits for c in self.phases.values())
+
+    @property
+    def misses(self) -> int:
+        return sum(c.misses for c in self.phases.values())
+
     def acquire(self, layer: int, experts: Sequence[int], prefill: bool) -> list[int]:
         """Pin a ready slot for each of ``experts`` of MoE layer ``layer``."""
+        phase = "prefill" if prefill else "decode"
+        if not prefill:
+            self._time_layer()
         self.policy.observe(layer, experts)
         slots, missed = [], []
         for expert in experts:
@@ -50,14 +90,19 @@ class ExpertCache:
             if slot is None:
                 missed.append(expert)
                 slot = self._load(key, urgent=True)
+            elif key in self._prefetched:
+                self._prefetched.discard(key)
+                self.prefetches.used += 1
+            self._queued.pop(key, None)
             self.pool.pins[slot] += 1
             slots.append(slot)
-        self.hits += len(experts) - len(missed)
-        self.misses += len(missed)
+        counters = self.phases[phase]
+        counters.hits += len(experts) - len(missed)
+        counters.misses += len(missed)
         for slot in slots:
             job = self.pool.job[slot]
             if job is not None:
-                self.copier.wait(job)
+                self.copier.wait(job, phase)
         if self.events.active:
             self.events.emit(LayerRouted(layer, tuple(experts), tuple(missed), prefill))
         return slots
@@ -66,6 +111,95 @@ class ExpertCache:
         for slot in slots:
             self.pool.pins[slot] -= 1
             self.copier.release(slot)
+
+    def plan(self, forecasts: Sequence[Forecast]) -> None:
+        """Replace the queued prefetches by the JSD schedule of ``forecasts``."""
+        self._cancel_queued()
+        best: dict[ExpertKey, Forecast] = {}
+        for forecast in forecasts:
+            known = best.get(forecast.key)
+            if forecast.key not in self.pool.slot_of and (known is None or forecast.probability > known.probability):
+                best[forecast.key] = forecast
+        if not best:
+            return
+        copy_seconds = self.copier.seconds_per_copy(self.host.layout.bytes_per_expert)
+        in_flight = len(self._queued)
+
+        def deadline(horizon: int) -> int:
+            if self.layer_seconds is None:  # no decode layer timed yet: only the room limits the plan
+                return len(best)
+            return int(horizon * self.layer_seconds / copy_seconds) - in_flight
+
+        jobs = [Job(key, deadline(f.horizon), f.probability * copy_seconds) for key, f in best.items()]
+        room = self.pool.owner.count(None) + len(self._evictable())
+        for job in schedule(jobs, room):
+            if not self._prefetch(job.key):
+                break
+
+    def stream(self, layer: int, order: Sequence[int]) -> None:
+        """Prefill: queue layer ``layer``'s experts in ``order`` while the layer before computes,
+        without evicting any of them or anything pinned."""
+        for expert in order:
+            key = (layer, expert)
+            if key in self.pool.slot_of:
+                continue
+            candidates = [k for k in self._evictable() if k[0] != layer]
+            if self.pool.free_slot() is None and not candidates:
+                return
+            self._prefetch(key, candidates, admit_all=True)
+
+    def _prefetch(self, key: ExpertKey, candidates: list[ExpertKey] | None = None, admit_all: bool = False) -> bool:
+        """Queue a prefetch of ``key``; False when there is no slot it deserves."""
+        if self.pool.free_slot() is None:
+            candidates = self._evictable() if candidates is None else candidates
+            if not candidates:
+                return False
+            victim = self.policy.victim(candidates)
+            wanted, held = self.policy.distance(key), self.policy.distance(victim)
+            if not admit_all and wanted is not None and held is not None and wanted >= held:
+                return False
+        slot = self._load(key, urgent=False)
+        job = self.pool.job[slot]
+        assert job is not None
+        self._queued[key] = job
+        self._prefetched.add(key)
+        self.prefetches.issued += 1
+        if self.events.active:
+            self.events.emit(PrefetchIssued(key))
+        return True
+
+    def _cancel_queued(self) -> None:
+        for key, job in list(self._queued.items()):
+            if job.state is JobState.QUEUED and self.copier.cancel(job):
+                self.pool.clear(job.slot)
+                self._prefetched.discard(key)
+                self.prefetches.cancelled += 1
+                self.prefetches.unused += 1
+                if self.events.active:
+                    self.events.emit(PrefetchCancelled(key))
+            if job.state is not JobState.COPYING:
+                del self._queued[key]
+
+    def _time_layer(self) -> None:
+        now = time.perf_counter()
+        if self._last_decode_layer_at is not None:
+            sample = now - self._last_decode_layer_at
+            if self.layer_seconds is None:
+                self.layer_seconds = sample
+            else:
+                self.layer_seconds += LAYER_TIME_SMOOTHING * (sample - self.layer_seconds)
+        self._last_decode_layer_at = now
+
+    def end_of_generation(self) -> None:
+        """The next decode layer does not follow this one in time."""
+        self._last_decode_layer_at = None
+
+    def _evictable(self) -> list[ExpertKey]:
+        return [
+            key
+            for slot, key in enumerate(self.pool.owner)
+            if key is not None and self.pool.pins[slot] == 0 and self.pool.state(slot) is SlotState.READY
+        ]
 
     def _load(self, key: ExpertKey, urgent: bool) -> int:
         slot = self.pool.free_slot()
@@ -82,15 +216,23 @@ class ExpertCache:
         return slot
 
     def _evict(self) -> int:
-        candidates = [
-            key
-            for slot, key in enumerate(self.pool.owner)
-            if key is not None and self.pool.pins[slot] == 0 and self.pool.state(slot) is SlotState.READY
-        ]
+        candidates = self._evictable()
         if not candidates:
-            raise RuntimeError("every cache slot is pinned or loading; the cache is below its minimum size")
+            # Prefetches hold every unpinned slot: a demand load outranks them all.
+            self._cancel_queued()
+            slot = self.pool.free_slot()
+            if slot is not None:
+                return slot
+            loading = list(self._queued.values())
+            if not loading:
+                raise RuntimeError("every cache slot is pinned; the cache is below its minimum size")
+            self.copier.wait(loading[0])
+            candidates = self._evictable()
         victim = self.policy.victim(candidates)
         slot = self.pool.slot_of[victim]
+        if victim in self._prefetched:
+            self._prefetched.discard(victim)
+            self.prefetches.unused += 1
         self.pool.clear(slot)
         if self.events.active:
             self.events.emit(ExpertEvicted(victim))

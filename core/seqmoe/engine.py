@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
@@ -21,10 +22,26 @@ from .budget import WORKSPACE_BYTES, CacheGeometry, kv_cache_bytes
 from .cache import ExpertCache
 from .errors import BudgetTooSmall, SeqMoEError
 from .events import EventBus, TokenGenerated
-from .loader import LoadedModel
-from .policies import Policy, make_policy
+from .loader import LoadedModel, find_routers, router_logits
+from .policies import POLICY_NAMES, FullPolicy, GatePolicy, LRUPolicy, OraclePolicy, Policy, SeqMoEPolicy
+from .predictor.calibration import find_predictor
+from .predictor.model import ExpertPredictor, load_predictor
+from .trace import model_identity
 from .stats import GenerationStats
 from .transfer import Copier, CudaCopier, EmulatedCopier
+
+ORACLE_HORIZON = 4
+PHASE_COUNTERS = (
+    "h2d_bytes",
+    "prefill_hits",
+    "prefill_misses",
+    "prefill_stall_seconds",
+    "decode_hits",
+    "decode_misses",
+    "decode_stall_seconds",
+    "prefetch_issued",
+    "prefetch_unused",
+)
 
 
 @dataclass
@@ -54,6 +71,7 @@ class Engine:
         link_gbps: float = 25.0,
         link_latency_us: float = 10.0,
         context_tokens: int = 4096,
+        predictor_path: Path | None = None,
     ) -> None:
         self.loaded = loaded
         self.events = EventBus()
@@ -69,6 +87,8 @@ class Engine:
             top_k=loaded.top_k,
         )
         self.policy_name = "none"
+        self.predictor_path = predictor_path
+        self._loaded_predictor: ExpertPredictor | None = None
         self.cache: ExpertCache | None = None
         self._copier: Copier | None = None
         self._resident_accesses: torch.Tensor | None = None
@@ -86,8 +106,18 @@ class Engine:
     def cache_slots(self) -> int:
         return self.cache.size if self.cache is not None else self.geometry.total_experts
 
-    def configure(self, policy: str = "lru", cache_ratio: float | None = None, vram_budget_gb: float | None = None) -> None:
-        """Build the cache for ``policy`` at the given size (a ratio of all experts, or a budget)."""
+    def configure(
+        self,
+        policy: str = "lru",
+        cache_ratio: float | None = None,
+        vram_budget_gb: float | None = None,
+        future: list[tuple[int, frozenset[int]]] | None = None,
+    ) -> None:
+        """Build the cache for ``policy`` at the given size (a ratio of all experts, or a budget).
+
+        ``future`` is the oracle's knowledge: the (layer, experts) of every cache access of
+        the same greedy run, recorded from ``LayerRouted`` events of a run at the same size.
+        """
         if cache_ratio is not None and vram_budget_gb is not None:
             raise BudgetTooSmall("give either a cache ratio or a VRAM budget, not both")
         if vram_budget_gb is not None:
@@ -97,7 +127,7 @@ class Engine:
         if policy == "full" and slots < self.geometry.total_experts:
             need = self.geometry.budget_bytes_for(self.geometry.total_experts) / 2**30
             raise BudgetTooSmall(f"the full policy keeps all experts resident: it needs cache ratio 1 ({need:.2f} GiB)")
-        chosen = make_policy(policy)
+        chosen = self._make_policy(policy, future)
         self._teardown()
         try:
             self._build(policy, chosen, slots)
@@ -119,9 +149,49 @@ class Engine:
             self._copier = self._make_copier()
             self.cache = ExpertCache(self.loaded.host, slots, self.device, self._copier, chosen, self.events)
             for index, module in enumerate(self.loaded.experts):
-                runtime = experts_impl.OffloadedLayer(index, self.cache, experts_impl.base_implementation(module, base))
+                runtime = experts_impl.OffloadedLayer(
+                    index, len(self.loaded.experts), self.cache, experts_impl.base_implementation(module, base)
+                )
                 experts_impl.attach(module, runtime)
         self.policy_name = policy
+
+    def _make_policy(self, name: str, future: list[tuple[int, frozenset[int]]] | None) -> Policy:
+        experts, layers, top_k = self.loaded.host.layout.num_experts, self.loaded.host.num_layers, self.loaded.top_k
+        if name == "full":
+            return FullPolicy(experts)
+        if name == "lru":
+            return LRUPolicy(experts)
+        if name == "gate":
+            return GatePolicy(self._router_functions(), experts, top_k)
+        if name == "seqmoe":
+            predictor = self._predictor()
+            if predictor is None:
+                prior = torch.full((layers, experts), top_k / experts)
+                return SeqMoEPolicy(self._gate_forecaster(), layers, prior)
+            prior = (torch.tensor(predictor.config.frequency) * top_k).clamp(max=1.0)
+            return SeqMoEPolicy(predictor.predict, layers, prior)
+        if name == "oracle":
+            if future is None:
+                raise SeqMoEError("the oracle policy needs the recorded future of the same run (seqmoe bench records it)")
+            return OraclePolicy(future, layers, experts, horizon=ORACLE_HORIZON)
+        raise SeqMoEError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
+
+    def _router_functions(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
+        return [lambda hidden, router=router: router_logits(router(hidden.reshape(1, -1))) for router in find_routers(self.loaded)]
+
+    def _gate_forecaster(self) -> Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor]:
+        """Until a predictor is calibrated: the next layer's router on this hidden state, horizon 1."""
+        routers = self._router_functions()
+        return lambda hidden, layer, routed: torch.softmax(routers[(layer + 1) % len(routers)](hidden).float(), dim=-1)
+
+    def _predictor(self) -> ExpertPredictor | None:
+        if self.predictor_path is None:
+            self.predictor_path = find_predictor(self.loaded)
+        if self.predictor_path is None:
+            return None
+        if self._loaded_predictor is None:
+            self._loaded_predictor = load_predictor(self.predictor_path, model_identity(self.loaded), self.device)
+        return self._loaded_predictor
 
     def encode(self, prompt: str, chat: bool) -> list[int]:
         """Token ids of ``prompt``, as plain text or as one user turn of the chat template."""
@@ -179,15 +249,18 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
+        if self.cache is not None:
+            self.cache.end_of_generation()
         after = self._counters()
+        counts = {key: after[key] - before[key] for key in after}
         token_ids = output[0, len(prompt_ids) :].tolist()
         stats = GenerationStats(
             tokens=len(token_ids),
             seconds=seconds,
-            hits=after[0] - before[0],
-            misses=after[1] - before[1],
-            stall_seconds=after[2] - before[2],
-            h2d_bytes=after[3] - before[3],
+            hits=counts["prefill_hits"] + counts["decode_hits"],
+            misses=counts["prefill_misses"] + counts["decode_misses"],
+            stall_seconds=counts["prefill_stall_seconds"] + counts["decode_stall_seconds"],
+            **counts,
             cache_slots=self.cache_slots,
             total_experts=self.geometry.total_experts,
             policy=self.policy_name,
@@ -202,12 +275,21 @@ class Engine:
     def close(self) -> None:
         self._teardown()
 
-    def _counters(self) -> tuple[int, int, float, int]:
-        """(hits, misses, stall seconds, bytes copied) so far."""
+    def _counters(self) -> dict[str, float]:
+        """Cumulative cache counters, by phase where they are split."""
         if self._resident_accesses is not None:
-            return int(self._resident_accesses.item()), 0, 0.0, 0
+            counts = dict.fromkeys(PHASE_COUNTERS, 0)
+            counts["decode_hits"] = int(self._resident_accesses.item())
+            return counts
         assert self.cache is not None and self._copier is not None
-        return self.cache.hits, self.cache.misses, self._copier.stall_seconds(), self._copier.bytes_copied
+        counts: dict[str, float] = {"h2d_bytes": self._copier.bytes_copied}
+        for phase, counter in self.cache.phases.items():
+            counts[f"{phase}_hits"] = counter.hits
+            counts[f"{phase}_misses"] = counter.misses
+            counts[f"{phase}_stall_seconds"] = self._copier.stall_seconds(phase)
+        prefetches = self.cache.prefetches
+        counts.update(prefetch_issued=prefetches.issued, prefetch_unused=prefetches.unused)
+        return counts
 
     def _make_copier(self) -> Copier:
         if self.device.type == "cuda":

@@ -28,13 +28,31 @@ class ExpertEvicted:
 
 
 @dataclass(frozen=True)
+class PrefetchIssued:
+    key: ExpertKey
+
+
+@dataclass(frozen=True)
+class PrefetchCancelled:
+    key: ExpertKey
+
+
+@dataclass(frozen=True)
+class ExpertsForecast:
+    """After layer ``layer`` routed: the probability of each forecast (layer, expert)."""
+
+    layer: int
+    probabilities: tuple[tuple[ExpertKey, float], ...]
+
+
+@dataclass(frozen=True)
 class TokenGenerated:
     index: int
     token_id: int
     seconds: float
 
 
-Event = LayerRouted | ExpertEvicted | TokenGenerated
+Event = LayerRouted | ExpertEvicted | PrefetchIssued | PrefetchCancelled | ExpertsForecast | TokenGenerated
 Listener = Callable[[Event], None]
 
 

@@ -18,6 +18,7 @@ from torch import nn
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
 from .cache import ExpertCache
+from .events import ExpertsForecast
 
 IMPLEMENTATION = "seqmoe"
 _RUNTIME_ATTR = "_seqmoe_runtime"
@@ -60,12 +61,31 @@ class ResidentLayer:
 
 
 class OffloadedLayer:
-    """Experts served from the shared slot pool through the expert cache."""
+    """Experts served from the shared slot pool through the expert cache.
 
-    def __init__(self, layer: int, cache: ExpertCache, base: ExpertsFn) -> None:
+    Between routing and computing, the policy's forecast for the next layers is turned
+    into prefetches (decode) or the next layer's experts are streamed in (prefill), so the
+    copies overlap this layer's compute.
+    """
+
+    def __init__(self, layer: int, num_layers: int, cache: ExpertCache, base: ExpertsFn) -> None:
         self.layer = layer
+        self.num_layers = num_layers
         self.cache = cache
         self.base = base
+
+    def _look_ahead(self, hidden: torch.Tensor, index: torch.Tensor, prefill: bool) -> None:
+        policy = self.cache.policy
+        if prefill:
+            if policy.streams_prefill and self.layer + 1 < self.num_layers:
+                self.cache.stream(self.layer + 1, policy.stream_order(self.layer + 1))
+            return
+        forecasts = policy.forecast(self.layer, hidden[-1], index[-1])
+        if forecasts:
+            self.cache.plan(forecasts)
+            events = self.cache.events
+            if events.active:
+                events.emit(ExpertsForecast(self.layer, tuple((f.key, f.probability) for f in forecasts)))
 
     def forward(self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         # One device-to-host sync per layer: the router's choice decides what to copy.
@@ -74,6 +94,7 @@ class OffloadedLayer:
         view = SlotView(module, self.cache.pool.tensors, self.cache.size)
         if len(needed) <= self.cache.size:
             slots = self.cache.acquire(self.layer, needed, prefill)
+            self._look_ahead(hidden, index, prefill)
             try:
                 return self.base(view, hidden, _slot_lookup(needed, slots, index)[index], weights)
             finally:

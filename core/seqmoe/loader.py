@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
-from .errors import ModelRefused
+from .errors import ModelRefused, SeqMoEError
 from .store import HostStore, expert_parameters
 
 DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
@@ -297,3 +297,26 @@ def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
+
+def find_routers(loaded: LoadedModel) -> list[nn.Module]:
+    """For each experts module, the sibling module whose weight maps hidden states to expert logits."""
+    parents = {id(child): parent for parent in loaded.model.modules() for child in parent.children()}
+    hidden = loaded.config.get_text_config().hidden_size
+    routers = []
+    for experts in loaded.experts:
+        block = parents[id(experts)]
+        shape = (loaded.host.layout.num_experts, hidden)
+        found = [
+            child
+            for child in block.children()
+            if child is not experts and isinstance(getattr(child, "weight", None), torch.Tensor) and tuple(child.weight.shape) == shape
+        ]
+        if not found:
+            raise SeqMoEError(f"cannot find the router of {type(block).__name__} (a weight of shape {shape})")
+        routers.append(found[0])
+    return routers
+
+
+def router_logits(output: object) -> torch.Tensor:
+    """Routers return their logits alone or first in a tuple."""
+    return output[0] if isinstance(output, tuple) else output

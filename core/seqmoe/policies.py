@@ -1,72 +1,216 @@
 """Cache policies: which experts to load ahead of time and which to evict.
 
-A policy sees every access (``observe``), may ask for prefetches after each MoE layer
-(``plan``) and chooses victims (``victim``). The experts function never sees a policy;
-it only asks the cache for slots. Later policies (``gate``, ``seqmoe``, ``oracle``)
-implement the same three methods.
+A policy sees every access (``observe``), may forecast the experts of the next layers
+after a layer has been routed (``forecast``) and chooses victims (``victim``). The
+experts function never sees a policy; it only asks the cache for slots.
+
+Policies:
+
+- ``full``: every expert resident (the reference speed).
+- ``lru``: reactive; load on a miss, evict the least recently used.
+- ``gate``: ``lru`` plus speculative prefetch of the next layer's top-k, found by applying
+  that layer's router to the current hidden state (mixtral-offloading's method).
+- ``seqmoe``: the trained predictor's forecast of the next ``H`` layers, scheduled with
+  JSD, and modified-Belady eviction on the predicted distances.
+- ``oracle``: the true future of the same greedy run, the same scheduler and Belady:
+  the limit for a given cache size and link.
+
+**Modified Belady.** The expected distance to the next use of a resident expert
+``(j, e)``, in MoE layers from the layer now running ``l``, is
+
+    D(j, e) = d + L * (1 / p - 1),     d = (j - l) mod L  (L when j == l),
+
+where ``p`` is the probability that the next run of layer ``j`` uses ``e``: the forecast's
+probability when layer ``j`` is within its horizon, otherwise the prior ``k * f(j, e)``
+from the expert frequencies ``f``. The ``L * (1/p - 1)`` term is the expected wait of a
+geometric number of tokens until the expert is used. The expert with the largest ``D`` is
+evicted; candidates within ``NEAR`` layers of that largest distance count as equally far,
+and among them the lowest ``p`` goes first, then the least recently used.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from .transfer import ExpertKey
 
-POLICY_NAMES = ("full", "lru")
+POLICY_NAMES = ("full", "lru", "gate", "seqmoe", "oracle")
+NEAR = 0.5
+MIN_PROBABILITY = 1e-3
 
 
 @dataclass(frozen=True)
-class Prefetch:
-    """A request to load ``key`` before MoE layer ``key[0]`` runs, worth ``score``."""
+class Forecast:
+    """Expert ``key`` will be used ``horizon`` layers from now with ``probability``."""
 
     key: ExpertKey
-    score: float
+    probability: float
+    horizon: int
 
 
 class Policy:
-    """Base policy: reactive loading (no prefetch) and least-recently-used eviction."""
+    """Base policy: reactive loading (no forecast) and least-recently-used eviction."""
 
     name = "base"
+    streams_prefill = False
+    """Whether to load layer l+1's experts while layer l computes during prefill."""
 
-    def __init__(self) -> None:
+    def __init__(self, num_experts: int) -> None:
+        self.num_experts = num_experts
         self._last_use: dict[ExpertKey, int] = {}
         self._clock = 0
+        self.layer = 0
 
     def observe(self, layer: int, experts: Sequence[int]) -> None:
         """Record that MoE layer ``layer`` uses ``experts`` now."""
         self._clock += 1
+        self.layer = layer
         for expert in experts:
             self._last_use[(layer, expert)] = self._clock
 
-    def plan(self, layer: int, hidden_states: torch.Tensor) -> Sequence[Prefetch]:
-        """Prefetches to queue after layer ``layer`` has been routed; none for reactive policies."""
+    def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
+        """Experts of the next layers worth loading, after layer ``layer`` routed one decode token."""
         return ()
+
+    def distance(self, key: ExpertKey) -> float | None:
+        """Expected MoE layers until ``key`` is used again; ``None`` if the policy cannot say."""
+        return None
+
+    def stream_order(self, layer: int) -> Sequence[int]:
+        """The order in which prefill streams a layer's experts: most used first when known."""
+        return range(self.num_experts)
 
     def victim(self, candidates: Sequence[ExpertKey]) -> ExpertKey:
         """The resident expert to evict; ties go to the lowest (layer, expert)."""
         return min(candidates, key=lambda key: (self._last_use.get(key, 0), key))
 
+    def recency(self, key: ExpertKey) -> int:
+        return self._last_use.get(key, 0)
+
 
 class LRUPolicy(Policy):
-    """Reactive offloading: load on a miss, evict the least recently used expert."""
-
     name = "lru"
 
 
 class FullPolicy(Policy):
-    """Every expert resident: the all-in-VRAM reference; nothing is ever evicted."""
-
     name = "full"
 
     def victim(self, candidates: Sequence[ExpertKey]) -> ExpertKey:
         raise RuntimeError("the full policy keeps every expert resident and never evicts")
 
 
-def make_policy(name: str) -> Policy:
-    policies = {cls.name: cls for cls in (FullPolicy, LRUPolicy)}
-    if name not in policies:
-        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
-    return policies[name]()
+class GatePolicy(Policy):
+    """LRU eviction plus the next layer's top-k from its own router on this layer's hidden state."""
+
+    name = "gate"
+    streams_prefill = True
+
+    def __init__(self, routers: list[Callable[[torch.Tensor], torch.Tensor]], num_experts: int, top_k: int) -> None:
+        super().__init__(num_experts)
+        self.routers = routers
+        self.top_k = top_k
+
+    def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
+        target = (layer + 1) % len(self.routers)
+        probs = torch.softmax(self.routers[target](hidden).float().reshape(-1), dim=0)
+        values, experts = probs.topk(self.top_k)
+        return [Forecast((target, e), p, 1) for p, e in zip(values.tolist(), experts.tolist())]
+
+
+class BeladyPolicy(Policy):
+    """Eviction by expected next-use distance (see the module docstring)."""
+
+    streams_prefill = True
+
+    def __init__(self, num_layers: int, prior: torch.Tensor) -> None:
+        super().__init__(prior.shape[1])
+        self.num_layers = num_layers
+        self.prior = prior.clamp(MIN_PROBABILITY, 1.0)
+        self.forecast_probability: dict[ExpertKey, float] = {}
+        self.forecast_layers: set[int] = set()
+
+    def probability(self, key: ExpertKey) -> float:
+        if key[0] in self.forecast_layers:
+            return max(self.forecast_probability.get(key, 0.0), MIN_PROBABILITY)
+        return float(self.prior[key])
+
+    def stream_order(self, layer: int) -> Sequence[int]:
+        return self.prior[layer].argsort(descending=True).tolist()
+
+    def distance(self, key: ExpertKey) -> float:
+        layers = self.num_layers
+        steps = (key[0] - self.layer) % layers or layers
+        return steps + layers * (1.0 / self.probability(key) - 1.0)
+
+    def victim(self, candidates: Sequence[ExpertKey]) -> ExpertKey:
+        distances = {key: self.distance(key) for key in candidates}
+        farthest = max(distances.values())
+        near = [key for key in candidates if distances[key] >= farthest - NEAR]
+        return min(near, key=lambda key: (self.probability(key), self.recency(key), key))
+
+    def remember(self, forecasts: Sequence[Forecast], layers: set[int]) -> None:
+        self.forecast_probability = {f.key: f.probability for f in forecasts}
+        self.forecast_layers = layers
+
+
+class SeqMoEPolicy(BeladyPolicy):
+    """The trained predictor's forecast, JSD-scheduled prefetches, modified-Belady eviction."""
+
+    name = "seqmoe"
+
+    def __init__(self, predict: Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor], num_layers: int,
+                 prior: torch.Tensor, min_probability: float = 0.02) -> None:
+        super().__init__(num_layers, prior)
+        self.predict = predict
+        self.min_probability = min_probability
+
+    def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
+        probs = self.predict(hidden.reshape(-1), layer, routed.reshape(-1)).float().cpu()
+        horizon, _ = probs.shape
+        targets = [(layer + h) % self.num_layers for h in range(1, horizon + 1)]
+        forecasts = [
+            Forecast((target, expert), p, h + 1)
+            for h, target in enumerate(targets)
+            for expert, p in enumerate(probs[h].tolist())
+            if p >= self.min_probability
+        ]
+        self.remember(forecasts, set(targets))
+        return forecasts
+
+
+class OraclePolicy(BeladyPolicy):
+    """Knows the future: the experts of every later acquire of the same greedy run."""
+
+    name = "oracle"
+
+    def __init__(self, future: list[tuple[int, frozenset[int]]], num_layers: int, num_experts: int, horizon: int) -> None:
+        super().__init__(num_layers, torch.full((num_layers, num_experts), MIN_PROBABILITY))
+        self.future = future
+        self.horizon = horizon
+        self.position = -1
+
+    def observe(self, layer: int, experts: Sequence[int]) -> None:
+        super().observe(layer, experts)
+        self.position += 1
+
+    def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
+        upcoming = self.future[self.position + 1 : self.position + 1 + self.horizon]
+        return [Forecast((target, e), 1.0, h) for h, (target, experts) in enumerate(upcoming, 1) for e in sorted(experts)]
+
+    def distance(self, key: ExpertKey) -> float:
+        for offset, (layer, experts) in enumerate(self.future[self.position + 1 :], 1):
+            if layer == key[0] and key[1] in experts:
+                return float(offset)
+        return float("inf")
+
+    def stream_order(self, layer: int) -> Sequence[int]:
+        for used_layer, experts in self.future[self.position + 1 :]:
+            if used_layer == layer:
+                return sorted(experts)
+        return ()
+
+    def victim(self, candidates: Sequence[ExpertKey]) -> ExpertKey:
+        return max(candidates, key=lambda key: (self.distance(key), -self.recency(key), key))

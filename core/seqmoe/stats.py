@@ -20,6 +20,14 @@ class GenerationStats:
     link: str
     prompt_tokens: int = 0
     time_to_first_token: float = 0.0
+    prefill_hits: int = 0
+    prefill_misses: int = 0
+    prefill_stall_seconds: float = 0.0
+    decode_hits: int = 0
+    decode_misses: int = 0
+    decode_stall_seconds: float = 0.0
+    prefetch_issued: int = 0
+    prefetch_unused: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -37,6 +45,15 @@ class GenerationStats:
         return self.hits / accesses if accesses else 1.0
 
     @property
+    def decode_hit_rate(self) -> float:
+        accesses = self.decode_hits + self.decode_misses
+        return self.decode_hits / accesses if accesses else 1.0
+
+    @property
+    def unused_prefetch_fraction(self) -> float:
+        return self.prefetch_unused / self.prefetch_issued if self.prefetch_issued else 0.0
+
+    @property
     def cache_ratio(self) -> float:
         return self.cache_slots / self.total_experts
 
@@ -46,6 +63,8 @@ class GenerationStats:
             tokens_per_s=self.tokens_per_s,
             decode_tokens_per_s=self.decode_tokens_per_s,
             hit_rate=self.hit_rate,
+            decode_hit_rate=self.decode_hit_rate,
+            unused_prefetch_fraction=self.unused_prefetch_fraction,
             cache_ratio=self.cache_ratio,
         )
         return values

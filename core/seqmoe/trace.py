@@ -27,7 +27,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from .errors import SeqMoEError
-from .loader import LoadedModel
+from .loader import LoadedModel, find_routers, router_logits
 
 FORMAT_VERSION = 1
 SHARD_TOKENS = 8192
@@ -47,30 +47,6 @@ def model_identity(loaded: LoadedModel) -> dict[str, object]:
         "top_k": loaded.top_k,
         "hidden_size": loaded.config.get_text_config().hidden_size,
     }
-
-
-def find_routers(loaded: LoadedModel) -> list[nn.Module]:
-    """For each experts module, the sibling module whose weight maps hidden states to expert logits."""
-    parents = {id(child): parent for parent in loaded.model.modules() for child in parent.children()}
-    hidden = loaded.config.get_text_config().hidden_size
-    routers = []
-    for experts in loaded.experts:
-        block = parents[id(experts)]
-        shape = (loaded.host.layout.num_experts, hidden)
-        found = [
-            child
-            for child in block.children()
-            if child is not experts and isinstance(getattr(child, "weight", None), torch.Tensor) and tuple(child.weight.shape) == shape
-        ]
-        if not found:
-            raise SeqMoEError(f"cannot find the router of {type(block).__name__} (a weight of shape {shape})")
-        routers.append(found[0])
-    return routers
-
-
-def router_logits(output: object) -> torch.Tensor:
-    """Routers return their logits alone or first in a tuple."""
-    return output[0] if isinstance(output, tuple) else output
 
 
 class RoutingRecorder:

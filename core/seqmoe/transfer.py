@@ -47,6 +47,7 @@ class CopyJob:
     state: JobState = JobState.QUEUED
     ready: threading.Event = field(default_factory=threading.Event)
     cuda_event: object | None = None
+    timing: tuple[object, object] | None = None
 
 
 class Copier(Protocol):
@@ -59,13 +60,30 @@ class Copier(Protocol):
 
     def cancel(self, job: CopyJob) -> bool: ...
 
-    def wait(self, job: CopyJob) -> None: ...
+    def wait(self, job: CopyJob, phase: str = "decode") -> None: ...
 
     def release(self, slot: int) -> None: ...
 
-    def stall_seconds(self) -> float: ...
+    def stall_seconds(self, phase: str | None = None) -> float: ...
+
+    def seconds_per_copy(self, nbytes: int) -> float: ...
 
     def close(self) -> None: ...
+
+
+class LinkSpeed:
+    """A smoothed measurement of how long copies take, starting from a guess."""
+
+    def __init__(self, bytes_per_s: float, alpha: float = 0.2) -> None:
+        self.seconds_per_byte = 1.0 / bytes_per_s
+        self.alpha = alpha
+
+    def observe(self, nbytes: int, seconds: float) -> None:
+        if nbytes > 0 and seconds > 0:
+            self.seconds_per_byte += self.alpha * (seconds / nbytes - self.seconds_per_byte)
+
+    def seconds_for(self, nbytes: int) -> float:
+        return nbytes * self.seconds_per_byte
 
 
 class EmulatedCopier:
@@ -86,7 +104,8 @@ class EmulatedCopier:
         self.bytes_per_s = gbytes_per_s * 1e9
         self.latency_s = latency_s
         self.bytes_copied = 0
-        self._stall = 0.0
+        self.speed = LinkSpeed(self.bytes_per_s)
+        self._stall: dict[str, float] = {}
         self._queue: deque[tuple[CopyJob, float]] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -112,7 +131,7 @@ class EmulatedCopier:
                     return True
         return False
 
-    def wait(self, job: CopyJob) -> None:
+    def wait(self, job: CopyJob, phase: str = "decode") -> None:
         if job.ready.is_set():
             return
         with self._cond:
@@ -123,13 +142,16 @@ class EmulatedCopier:
                     break
         start = time.perf_counter()
         job.ready.wait()
-        self._stall += time.perf_counter() - start
+        self._stall[phase] = self._stall.get(phase, 0.0) + time.perf_counter() - start
 
     def release(self, slot: int) -> None:
         """CPU compute is synchronous: once the layer returned, the slot is free to overwrite."""
 
-    def stall_seconds(self) -> float:
-        return self._stall
+    def stall_seconds(self, phase: str | None = None) -> float:
+        return sum(self._stall.values()) if phase is None else self._stall.get(phase, 0.0)
+
+    def seconds_per_copy(self, nbytes: int) -> float:
+        return self.speed.seconds_for(nbytes)
 
     def close(self) -> None:
         with self._cond:
@@ -154,6 +176,7 @@ class EmulatedCopier:
             # wake-up of this thread does not.
             busy = max(self.latency_s + job.nbytes / self.bytes_per_s, time.perf_counter() - began)
             self._link_free_at = start + busy
+            self.speed.observe(job.nbytes, busy)
             delay = self._link_free_at - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
@@ -189,10 +212,11 @@ class CudaCopier:
         self.stream = torch.cuda.Stream(device=device)
         self.max_in_flight = max_in_flight
         self.bytes_copied = 0
+        self.speed = LinkSpeed(20e9)
         self._pending: deque[CopyJob] = deque()
         self._in_flight: deque[CopyJob] = deque()
         self._released: dict[int, torch.cuda.Event] = {}
-        self._stall_pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._stall_pairs: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
 
     def submit(self, job: CopyJob, urgent: bool = False) -> None:
         if urgent:
@@ -208,7 +232,7 @@ class CudaCopier:
             return True
         return False
 
-    def wait(self, job: CopyJob) -> None:
+    def wait(self, job: CopyJob, phase: str = "decode") -> None:
         if job.state is JobState.QUEUED:
             self._pending.remove(job)
             self._issue(job)
@@ -221,7 +245,7 @@ class CudaCopier:
             before.record(compute)
             compute.wait_event(event)
             after.record(compute)
-            self._stall_pairs.append((before, after))
+            self._stall_pairs.append((phase, before, after))
         # From the compute stream's point of view the slot now holds the expert.
         job.state = JobState.DONE
 
@@ -230,18 +254,25 @@ class CudaCopier:
         event.record(torch.cuda.current_stream(self.device))
         self._released[slot] = event
 
-    def stall_seconds(self) -> float:
+    def stall_seconds(self, phase: str | None = None) -> float:
         if not self._stall_pairs:
             return 0.0
-        self._stall_pairs[-1][1].synchronize()
-        return sum(before.elapsed_time(after) for before, after in self._stall_pairs) / 1000.0
+        self._stall_pairs[-1][2].synchronize()
+        pairs = [(b, a) for tag, b, a in self._stall_pairs if phase is None or tag == phase]
+        return sum(before.elapsed_time(after) for before, after in pairs) / 1000.0
+
+    def seconds_per_copy(self, nbytes: int) -> float:
+        return self.speed.seconds_for(nbytes)
 
     def close(self) -> None:
         self.stream.synchronize()
 
     def _pump(self) -> None:
         while self._in_flight and self._in_flight[0].cuda_event.query():
-            self._in_flight.popleft().state = JobState.DONE
+            job = self._in_flight.popleft()
+            job.state = JobState.DONE
+            began, ended = job.timing
+            self.speed.observe(job.nbytes, began.elapsed_time(ended) / 1000.0)
         while self._pending and len(self._in_flight) < self.max_in_flight:
             self._issue(self._pending.popleft())
 
@@ -250,11 +281,14 @@ class CudaCopier:
             released = self._released.pop(job.slot, None)
             if released is not None:
                 self.stream.wait_event(released)
+            began = torch.cuda.Event(enable_timing=True)
+            began.record(self.stream)
             for dst, src in job.pairs:
                 dst.copy_(src, non_blocking=True)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(enable_timing=True)
             event.record(self.stream)
         job.cuda_event = event
+        job.timing = (began, event)
         job.state = JobState.COPYING
         self.bytes_copied += job.nbytes
         self._in_flight.append(job)

@@ -83,3 +83,24 @@ def test_full_policy_copies_nothing_and_hits_always(mixtral_dir: Path) -> None:
         engine.close()
     assert stats.misses == 0 and stats.h2d_bytes == 0 and stats.hits > 0
     assert stats.hit_rate == 1.0
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_predictive_policies_give_the_reference_tokens(tiny_models: dict[str, Path], family: str) -> None:
+    from seqmoe.bench import record_future
+
+    greedy = Sampling(max_new_tokens=NEW_TOKENS)
+    expected = reference_tokens(tiny_models[family], greedy)
+    engine = Engine(load_model(str(tiny_models[family]), device="cpu"))
+    minimum = engine.geometry.minimum_slots / engine.geometry.total_experts
+    try:
+        for ratio in (0.5, minimum):
+            future = record_future(engine, PROMPT, greedy, ratio)
+            for policy in ("gate", "seqmoe", "oracle"):
+                engine.configure(policy, cache_ratio=ratio, future=future if policy == "oracle" else None)
+                result = engine.generate(PROMPT, greedy)
+                assert result.token_ids == expected, f"{family} {policy} at cache ratio {ratio:.2f}"
+                if ratio == 0.5:
+                    assert result.stats.prefetch_issued > 0, policy
+    finally:
+        engine.close()

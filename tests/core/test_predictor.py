@@ -13,7 +13,8 @@ from seqmoe.predictor import load_predictor, save_predictor
 from seqmoe.predictor.evaluation import evaluate, frequency_scorer, hits_at, previous_token_scorer
 from seqmoe.predictor.samples import Positions, positions_of
 from seqmoe.predictor.training import TrainingOptions, train_predictor
-from seqmoe.trace import find_routers, model_identity, read_traces
+from seqmoe.loader import find_routers
+from seqmoe.trace import model_identity, read_traces
 
 CHAT_TEXT = "\n\n".join(
     f"hello there number {i}\nhi, how are you today?\nfine thanks, and you {i}?" for i in range(12)

@@ -11,9 +11,9 @@ from tqdm.auto import tqdm
 
 from ..engine import Engine, Sampling
 from ..errors import BudgetTooSmall, SeqMoEError
+from ..loader import find_routers
 from ..trace import (
     chat_tokenizer,
-    find_routers,
     iter_traces,
     model_identity,
     plain_tokenizer,

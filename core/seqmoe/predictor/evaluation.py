@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..trace import router_logits
+from ..loader import router_logits
 from .model import ExpertPredictor
 from .samples import Positions
 

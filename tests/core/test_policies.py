@@ -1,0 +1,115 @@
+"""Eviction rules of the modified Belady policy, admission, the oracle, and a stress test."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+import torch
+
+from seqmoe.cache import ExpertCache
+from seqmoe.events import EventBus
+from seqmoe.policies import BeladyPolicy, Forecast, OraclePolicy, SeqMoEPolicy
+from seqmoe.store import HostStore
+from seqmoe.transfer import EmulatedCopier
+
+from .test_cache import FakeExperts
+
+LAYERS, EXPERTS = 4, 4
+
+
+def belady(prior: float = 0.25) -> BeladyPolicy:
+    return BeladyPolicy(LAYERS, torch.full((LAYERS, EXPERTS), prior))
+
+
+def test_farthest_expected_use_is_evicted() -> None:
+    policy = belady()
+    policy.observe(0, [0])
+    policy.remember([Forecast((1, 0), 0.9, 1), Forecast((2, 0), 0.9, 2)], {1, 2})
+    # Same probability: layer 2 comes one layer later than layer 1.
+    assert policy.distance((2, 0)) == pytest.approx(policy.distance((1, 0)) + 1)
+    # Layer 3 is beyond the forecast: its prior (0.25) puts it 3 tokens away on average.
+    assert policy.distance((3, 0)) == pytest.approx(3 + LAYERS * 3)
+    assert policy.victim([(1, 0), (2, 0), (3, 0)]) == (3, 0)
+
+
+def test_near_equal_distances_evict_the_lower_probability() -> None:
+    policy = belady()
+    policy.observe(0, [0])
+    # (1, 1): one layer away with p=0.5 -> 1 + 4 = 5; (2, 1): two layers away with p=0.55 -> 2 + 3.27 = 5.27
+    policy.remember([Forecast((1, 1), 0.5, 1), Forecast((2, 1), 0.55, 2)], {1, 2})
+    assert policy.distance((2, 1)) - policy.distance((1, 1)) < 0.5
+    assert policy.victim([(1, 1), (2, 1)]) == (1, 1)
+
+
+def test_equal_scores_evict_the_least_recently_used() -> None:
+    policy = belady()
+    policy.observe(3, [2])
+    policy.observe(3, [1])
+    policy.observe(0, [0])
+    assert policy.victim([(3, 1), (3, 2)]) == (3, 2)
+
+
+def test_oracle_evicts_the_expert_used_last() -> None:
+    future = [(0, frozenset({0})), (1, frozenset({1})), (2, frozenset({2})), (1, frozenset({3}))]
+    oracle = OraclePolicy(future, LAYERS, EXPERTS, horizon=2)
+    oracle.observe(0, [0])
+    assert oracle.distance((2, 2)) == 2 and oracle.distance((1, 3)) == 3 and oracle.distance((3, 3)) == float("inf")
+    assert oracle.victim([(1, 1), (2, 2), (1, 3)]) == (1, 3)
+    assert [f.key for f in oracle.forecast(0, torch.zeros(1), torch.zeros(1))] == [(1, 1), (2, 2)]
+
+
+def make_cache(size: int, policy: BeladyPolicy, gbps: float = 50.0) -> ExpertCache:
+    host = HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pin=False)
+    copier = EmulatedCopier(gbytes_per_s=gbps, latency_s=0.0)
+    return ExpertCache(host, size=size, device=torch.device("cpu"), copier=copier, policy=policy, events=EventBus())
+
+
+def test_admission_refuses_a_prefetch_needed_later_than_its_victim() -> None:
+    policy = belady(prior=0.01)
+    cache = make_cache(2, policy)
+    for expert in (0, 1):
+        cache.release(cache.acquire(1, [expert], prefill=False))
+    policy.remember([Forecast((1, 0), 0.9, 1), Forecast((1, 1), 0.9, 1), Forecast((2, 3), 0.05, 2)], {1, 2})
+    cache.plan([Forecast((2, 3), 0.05, 2)])
+    assert (2, 3) not in cache.pool.slot_of and cache.prefetches.issued == 0
+    policy.remember([Forecast((1, 0), 0.01, 1), Forecast((1, 1), 0.9, 1), Forecast((2, 3), 0.95, 1)], {1, 2})
+    cache.plan([Forecast((2, 3), 0.95, 1)])
+    assert (2, 3) in cache.pool.slot_of and (1, 0) not in cache.pool.slot_of
+    cache.copier.close()
+
+
+def test_planned_prefetch_turns_the_next_layer_into_a_hit() -> None:
+    policy = belady()
+    cache = make_cache(4, policy)
+    cache.release(cache.acquire(0, [0, 1], prefill=False))
+    cache.plan([Forecast((1, 2), 0.9, 1), Forecast((1, 3), 0.8, 1)])
+    time.sleep(0.01)
+    slots = cache.acquire(1, [2, 3], prefill=False)
+    assert cache.phases["decode"].misses == 2 and cache.phases["decode"].hits == 2
+    assert cache.prefetches.issued == 2 and cache.prefetches.used == 2
+    assert [cache.pool.tensors["gate_up_proj"][s][0, 0].item() for s in slots] == [102.0, 103.0]
+    cache.release(slots)
+    cache.copier.close()
+
+
+@pytest.mark.parametrize("size", range(2, 11))
+def test_no_expert_in_use_is_ever_evicted_under_random_forecasts(size: int) -> None:
+    """Random routing and random forecasts on caches of every small size: every acquired slot
+    holds the right weights for as long as its layer runs, whatever the prefetches do."""
+    rng = random.Random(size)
+    policy = SeqMoEPolicy(lambda h, l, r: torch.rand(3, EXPERTS), LAYERS, torch.full((LAYERS, EXPERTS), 0.3), 0.0)
+    cache = make_cache(size, policy, gbps=0.05)
+    for step in range(120):
+        layer = step % LAYERS
+        experts = sorted(rng.sample(range(EXPERTS), 2))
+        slots = cache.acquire(layer, experts, prefill=False)
+        cache.plan(policy.forecast(layer, torch.zeros(1), torch.tensor(experts)))
+        time.sleep(rng.random() * 0.002)
+        values = [cache.pool.tensors["down_proj"][s][0, 0].item() for s in slots]
+        assert values == [100.0 * layer + e for e in experts], f"cache of {size}, step {step}"
+        cache.release(slots)
+    # With two slots both are pinned by the running layer: there is never room to prefetch.
+    assert (cache.prefetches.issued > 0) == (size > 2)
+    cache.copier.close()

@@ -1,0 +1,51 @@
+"""Greedy JSD against exhaustive search on small instances."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from seqmoe.scheduler import Job, schedule
+
+
+def feasible(jobs: tuple[Job, ...], capacity: int) -> bool:
+    """Unit jobs fit if, sorted by deadline, the i-th (1-based) has a deadline of at least i."""
+    if len(jobs) > capacity:
+        return False
+    return all(job.deadline >= i for i, job in enumerate(sorted(jobs, key=lambda j: j.deadline), 1))
+
+
+def best_profit(jobs: list[Job], capacity: int) -> float:
+    return max(
+        sum(j.profit for j in subset)
+        for size in range(len(jobs) + 1)
+        for subset in itertools.combinations(jobs, size)
+        if feasible(subset, capacity)
+    )
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_greedy_plan_is_as_profitable_as_exhaustive_search(seed: int) -> None:
+    rng = random.Random(seed)
+    jobs = [Job((rng.randrange(4), i), rng.randrange(0, 6), round(rng.random(), 3)) for i in range(rng.randrange(1, 8))]
+    capacity = rng.randrange(0, 7)
+    plan = schedule(jobs, capacity)
+    assert sum(j.profit for j in plan) == pytest.approx(best_profit(jobs, capacity))
+    assert len(plan) <= capacity
+    # Run back to back in plan order, each copy ends before its deadline.
+    assert all(job.deadline >= position for position, job in enumerate(plan, 1))
+
+
+def test_latest_free_slot_leaves_early_slots_for_urgent_jobs() -> None:
+    relaxed = Job((1, 0), deadline=3, profit=0.9)
+    urgent = Job((0, 0), deadline=1, profit=0.5)
+    assert schedule([relaxed, urgent], capacity=5) == [urgent, relaxed]
+
+
+def test_jobs_past_their_deadline_are_dropped() -> None:
+    late = Job((0, 1), deadline=0, profit=1.0)
+    crowded = [Job((0, i), deadline=1, profit=0.1 * i) for i in range(2, 5)]
+    plan = schedule([late, *crowded], capacity=5)
+    assert plan == [crowded[-1]]
