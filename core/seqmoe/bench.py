@@ -1,62 +1,161 @@
 """Measured comparison of cache policies on one model, in one run.
 
-Every policy generates the same greedy tokens (offloading never changes the output), so
-decode speeds are comparable; the ``full`` policy, every expert resident, is the
-reference that the others are measured against.
+Every policy generates the same greedy tokens for the same prompts (offloading never
+changes the output; the run checks it), so speeds are comparable; ``full``, every expert
+resident, is the reference the others are measured against.
+
+On the emulated link the copy speed is chosen, unless given, so that one expert's
+transfer time relative to one MoE layer's decode compute time equals that ratio on a
+named consumer setup (``SETUPS``), the compute time being measured here with ``full``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .engine import Engine, Sampling
 from .events import LayerRouted
 from .stats import GenerationStats
+
+BUILT_IN_PROMPTS = [
+    "Hi! What do you like to do on weekends?",
+    "I just adopted a puppy. Any tips for a first-time dog owner?",
+    "What is your favorite food, and can you cook it yourself?",
+    "I'm thinking about learning to play the guitar. Have you ever played an instrument?",
+]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A GPU, its host link and a model shape; decode assumed memory-bandwidth bound."""
+
+    description: str
+    expert_bytes: int
+    layer_bytes: int
+    """Weights one decode step of one MoE layer reads: top-k experts plus attention."""
+    link_bytes_per_s: float
+    memory_bytes_per_s: float
+
+    @property
+    def transfer_to_compute(self) -> float:
+        return (self.expert_bytes / self.link_bytes_per_s) / (self.layer_bytes / self.memory_bytes_per_s)
+
+
+_OLMOE_EXPERT = 3 * 2048 * 1024 * 2
+SETUPS = {
+    "rtx4090-pcie4-olmoe": Setup(
+        "OLMoE-1B-7B (bf16) on an RTX 4090 (1008 GB/s) over PCIe 4.0 x16 (24 GB/s)",
+        expert_bytes=_OLMOE_EXPERT,
+        layer_bytes=8 * _OLMOE_EXPERT + 4 * 2048 * 2048 * 2,
+        link_bytes_per_s=24e9,
+        memory_bytes_per_s=1008e9,
+    ),
+    "rtx4060laptop-pcie4x8-olmoe": Setup(
+        "OLMoE-1B-7B (bf16) on an RTX 4060 Laptop (256 GB/s) over PCIe 4.0 x8 (12 GB/s)",
+        expert_bytes=_OLMOE_EXPERT,
+        layer_bytes=8 * _OLMOE_EXPERT + 4 * 2048 * 2048 * 2,
+        link_bytes_per_s=12e9,
+        memory_bytes_per_s=256e9,
+    ),
+}
+DEFAULT_SETUP = "rtx4090-pcie4-olmoe"
+
+
+@dataclass
+class Totals:
+    """Statistics of one policy at one cache ratio, summed over the prompts."""
+
+    runs: list[GenerationStats] = field(default_factory=list)
+
+    def total(self, name: str) -> float:
+        return sum(getattr(stats, name) for stats in self.runs)
+
+    @property
+    def decode_tokens(self) -> int:
+        return int(sum(max(s.tokens - 1, 0) for s in self.runs))
+
+    @property
+    def decode_seconds(self) -> float:
+        return sum(s.seconds - s.time_to_first_token for s in self.runs if s.tokens > 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        tokens = max(self.total("tokens"), 1)
+        decode_accesses = self.total("decode_hits") + self.total("decode_misses")
+        prefill_accesses = self.total("prefill_hits") + self.total("prefill_misses")
+        issued = self.total("prefetch_issued")
+        return {
+            "tokens": int(self.total("tokens")),
+            "tokens_per_s": self.tokens_per_s,
+            "hit_rate": self.total("decode_hits") / decode_accesses if decode_accesses else 1.0,
+            "stall_seconds_per_token": self.total("decode_stall_seconds") / tokens,
+            "h2d_bytes_per_token": self.total("h2d_bytes") / tokens,
+            "unused_prefetch_fraction": self.total("prefetch_unused") / issued if issued else 0.0,
+            "prefill_tokens_per_s": self.total("prompt_tokens") / max(self.total("time_to_first_token"), 1e-9),
+            "prefill_hit_rate": self.total("prefill_hits") / prefill_accesses if prefill_accesses else 1.0,
+            "prefill_stall_seconds": self.total("prefill_stall_seconds"),
+        }
 
 
 @dataclass
 class BenchRow:
     policy: str
     cache_ratio: float
-    stats: GenerationStats
-    relative_speed: float
+    cache_slots: int
+    totals: Totals
+    ratio_to_full: float
     same_tokens: bool
 
     def as_dict(self) -> dict[str, object]:
-        stats = self.stats
         return {
             "policy": self.policy,
-            "cache_ratio": round(stats.cache_ratio, 4),
-            "cache_slots": stats.cache_slots,
-            "decode_tokens_per_s": stats.decode_tokens_per_s,
-            "relative_to_full": self.relative_speed,
-            "hit_rate": stats.hit_rate,
-            "stall_ms_per_token": 1000 * stats.stall_seconds / max(stats.tokens, 1),
-            "h2d_mib_per_token": stats.h2d_bytes / 2**20 / max(stats.tokens, 1),
+            "cache_ratio": self.cache_ratio,
+            "cache_slots": self.cache_slots,
+            **self.totals.as_dict(),
+            "ratio_to_full": self.ratio_to_full,
             "same_tokens_as_full": self.same_tokens,
         }
 
 
+def decode_layer_seconds(engine: Engine, prompts: list[list[int]], max_new_tokens: int) -> float:
+    """One MoE layer's share of a decode step with every expert resident."""
+    engine.configure("full")
+    totals = Totals([engine.generate(p, Sampling(max_new_tokens=max_new_tokens)).stats for p in prompts[:2]])
+    return 1.0 / totals.tokens_per_s / engine.loaded.host.num_layers
+
+
+def link_for(setup: Setup, layer_seconds: float, expert_bytes: int) -> float:
+    """GB/s at which one expert's copy takes ``setup.transfer_to_compute`` layers of compute here."""
+    return expert_bytes / (setup.transfer_to_compute * layer_seconds) / 1e9
+
+
 def run_bench(
-    engine: Engine, prompt_ids: list[int], policies: list[str], ratios: list[float], max_new_tokens: int
+    engine: Engine, prompts: list[list[int]], policies: list[str], ratios: list[float], max_new_tokens: int
 ) -> list[BenchRow]:
-    """Decode speed of each policy at each cache ratio, relative to ``full`` measured in the same run."""
+    """Every policy at every cache ratio over the same prompts, against ``full`` in the same run."""
     greedy = Sampling(max_new_tokens=max_new_tokens)
     engine.configure("full")
-    engine.generate(prompt_ids, Sampling(max_new_tokens=4))
-    reference = engine.generate(prompt_ids, greedy)
-    rows = [BenchRow("full", 1.0, reference.stats, 1.0, True)]
+    engine.generate(prompts[0], Sampling(max_new_tokens=4))
+    reference = [engine.generate(p, greedy) for p in prompts]
+    full = Totals([r.stats for r in reference])
+    rows = [BenchRow("full", 1.0, engine.cache_slots, full, 1.0, True)]
     for ratio in ratios:
-        future = None
+        futures: list[list[tuple[int, frozenset[int]]]] | None = None
         for policy in policies:
             if policy == "full":
                 continue
-            if policy == "oracle" and future is None:
-                future = record_future(engine, prompt_ids, greedy, ratio)
-            engine.configure(policy, cache_ratio=ratio, future=future if policy == "oracle" else None)
-            result = engine.generate(prompt_ids, greedy)
-            speed = result.stats.decode_tokens_per_s / reference.stats.decode_tokens_per_s
-            rows.append(BenchRow(policy, ratio, result.stats, speed, result.token_ids == reference.token_ids))
+            if policy == "oracle" and futures is None:
+                futures = [record_future(engine, p, greedy, ratio) for p in prompts]
+            totals, same = Totals(), True
+            for index, prompt in enumerate(prompts):
+                engine.configure(policy, cache_ratio=ratio, future=futures[index] if policy == "oracle" else None)
+                result = engine.generate(prompt, greedy)
+                totals.runs.append(result.stats)
+                same &= result.token_ids == reference[index].token_ids
+            rows.append(BenchRow(policy, ratio, engine.cache_slots, totals, totals.tokens_per_s / full.tokens_per_s, same))
     engine.close()
     return rows
 
@@ -79,13 +178,37 @@ def record_future(engine: Engine, prompt_ids: list[int], sampling: Sampling, rat
 
 
 def format_table(rows: list[BenchRow]) -> str:
-    header = f"{'policy':<8}{'ratio':>7}{'slots':>7}{'tok/s':>9}{'vs full':>9}{'hit rate':>10}{'stall ms/tok':>14}{'MiB/tok':>9}  same"
+    header = (
+        f"{'policy':<8}{'ratio':>7}{'slots':>7}{'tok/s':>9}{'vs full':>9}{'hit rate':>10}{'stall ms/tok':>14}"
+        f"{'MiB/tok':>9}{'unused pf':>11}{'prefill tok/s':>15}  same"
+    )
     lines = [header]
     for row in rows:
         d = row.as_dict()
         lines.append(
-            f"{d['policy']:<8}{d['cache_ratio']:>7.2f}{d['cache_slots']:>7}{d['decode_tokens_per_s']:>9.2f}"
-            f"{d['relative_to_full']:>9.1%}{d['hit_rate']:>10.1%}{d['stall_ms_per_token']:>14.2f}"
-            f"{d['h2d_mib_per_token']:>9.2f}  {'yes' if d['same_tokens_as_full'] else 'NO'}"
+            f"{d['policy']:<8}{d['cache_ratio']:>7.2f}{d['cache_slots']:>7}{d['tokens_per_s']:>9.2f}"
+            f"{d['ratio_to_full']:>9.1%}{d['hit_rate']:>10.1%}{1000 * d['stall_seconds_per_token']:>14.2f}"
+            f"{d['h2d_bytes_per_token'] / 2**20:>9.2f}{d['unused_prefetch_fraction']:>11.1%}"
+            f"{d['prefill_tokens_per_s']:>15.1f}  {'yes' if d['same_tokens_as_full'] else 'NO'}"
         )
     return "\n".join(lines)
+
+
+def plot(rows: list[BenchRow], path: str, title: str) -> None:
+    """Throughput relative to ``full`` against cache ratio, one line per policy (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(7, 4.5))
+    for policy in dict.fromkeys(r.policy for r in rows if r.policy != "full"):
+        points = sorted((r.cache_ratio, r.ratio_to_full) for r in rows if r.policy == policy)
+        axes.plot(*zip(*points), marker="o", label=policy)
+    axes.axhline(1.0, color="grey", linestyle="--", label="full")
+    axes.set_xlabel("cache ratio (experts on the device / all experts)")
+    axes.set_ylabel("decode throughput relative to full")
+    axes.set_title(title, fontsize=9)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)

@@ -8,9 +8,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .bench import DEFAULT_SETUP, SETUPS
 from .errors import SeqMoEError
 from .policies import POLICY_NAMES
 from .resources import demo_model_dir
+
+
+DEFAULT_LINK_GBPS = 25.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,11 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="compare cache policies' decode speed against full residency")
     add_model_arguments(bench)
-    bench.add_argument("--prompt", default="Hi! What do you like to do on weekends?")
-    bench.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    bench.add_argument("--prompts", type=Path, help="one prompt per line (default: a few built-in chat prompts)")
     bench.add_argument("--max-new-tokens", type=int, default=64)
-    bench.add_argument("--policies", default="lru", help="comma-separated policies to compare with full")
+    bench.add_argument("--policies", default="lru,gate,seqmoe,oracle", help="comma-separated policies to compare with full")
     bench.add_argument("--cache-ratios", default="0.45", help="comma-separated cache ratios")
+    bench.add_argument("--setup", choices=sorted(SETUPS), default=DEFAULT_SETUP,
+                       help="consumer setup whose transfer/compute ratio sets the emulated link speed (without --link-gbps)")
+    bench.add_argument("--plot", type=Path, help="write a PNG of throughput relative to full (needs matplotlib)")
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
 
     trace = commands.add_parser("trace", help="record routing traces of a model over a text")
@@ -78,7 +84,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--cache-ratio", type=float, help="fraction of all routed experts kept on the device")
     size.add_argument("--vram-budget", type=float, metavar="GB", help="device memory budget in GiB, all included")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--link-gbps", type=float, default=25.0, help="emulated host-to-device link speed in GB/s")
+    parser.add_argument("--link-gbps", type=float, help="emulated host-to-device link speed in GB/s (default 25)")
     parser.add_argument("--link-latency-us", type=float, default=10.0, help="emulated per-copy latency in microseconds")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="compute dtype (default: the checkpoint's)")
 
@@ -89,7 +95,7 @@ def load_engine(args: argparse.Namespace):
     from .loader import load_model
 
     loaded = load_model(args.model or str(demo_model_dir()), device=args.device, dtype=args.dtype)
-    return Engine(loaded, link_gbps=args.link_gbps, link_latency_us=args.link_latency_us)
+    return Engine(loaded, link_gbps=args.link_gbps or DEFAULT_LINK_GBPS, link_latency_us=args.link_latency_us)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -123,21 +129,38 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    from .bench import format_table, run_bench
+    from .bench import BUILT_IN_PROMPTS, SETUPS, decode_layer_seconds, format_table, link_for, plot, run_bench
 
     policies = [p for p in args.policies.split(",") if p]
     unknown = sorted(set(policies) - set(POLICY_NAMES))
     if unknown:
         raise SeqMoEError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICY_NAMES)}")
     ratios = [float(r) for r in args.cache_ratios.split(",") if r]
+    texts = BUILT_IN_PROMPTS
+    if args.prompts:
+        texts = [line.strip() for line in args.prompts.read_text(encoding="utf-8").splitlines() if line.strip()]
     engine = load_engine(args)
-    rows = run_bench(engine, engine.encode(args.prompt, chat=args.chat), policies, ratios, args.max_new_tokens)
-    if args.json:
-        print(json.dumps([row.as_dict() for row in rows]))
+    chat = bool(engine.loaded.tokenizer.chat_template)
+    prompts = [engine.encode(text, chat=chat) for text in texts]
+    if engine.link == "emulated" and args.link_gbps is None:
+        setup = SETUPS[args.setup]
+        layer = decode_layer_seconds(engine, prompts, min(args.max_new_tokens, 32))
+        engine.link_gbps = link_for(setup, layer, engine.loaded.host.layout.bytes_per_expert)
+        link_note = (f"emulated link {engine.link_gbps * 1000:.4g} MB/s: one expert copy = {setup.transfer_to_compute:.2f} x "
+                     f"one MoE layer's decode compute ({1000 * layer:.3f} ms measured with full), as for {setup.description}")
     else:
-        print(f"{engine.loaded.architecture} on {engine.device} ({engine.link} link, {args.link_gbps} GB/s), "
-              f"{args.max_new_tokens} new tokens, decode speed")
-        print(format_table(rows))
+        link_note = f"{engine.link} link" + (f" {engine.link_gbps} GB/s" if engine.link == "emulated" else "")
+    rows = run_bench(engine, prompts, policies, ratios, args.max_new_tokens)
+    title = f"{engine.loaded.architecture}, {len(prompts)} prompts x {args.max_new_tokens} tokens; {link_note}"
+    if args.json:
+        print(json.dumps({"model": engine.loaded.path.name, "link": link_note, "rows": [row.as_dict() for row in rows]}))
+    print(title, file=sys.stderr if args.json else sys.stdout)
+    print(format_table(rows), file=sys.stderr if args.json else sys.stdout)
+    if args.plot:
+        plot(rows, str(args.plot), title)
+    if not all(row.same_tokens for row in rows):
+        print("seqmoe: error: a policy generated other tokens than full", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -31,7 +31,7 @@ class Job:
 
 def schedule(jobs: Sequence[Job], capacity: int) -> list[Job]:
     """The most profitable feasible set of at most ``capacity`` jobs, in slot (execution) order."""
-    horizon = min(max((job.deadline for job in jobs), default=0), len(jobs))
+    horizon = max(0, min(max((job.deadline for job in jobs), default=0), len(jobs)))
     parent = list(range(horizon + 1))  # parent[t]: latest free slot <= t, as slot index + 1 (0 = none)
 
     def latest_free(t: int) -> int:
@@ -46,7 +46,7 @@ def schedule(jobs: Sequence[Job], capacity: int) -> list[Job]:
     for job in sorted(jobs, key=lambda j: (-j.profit, j.deadline, j.key)):
         if len(placed) >= capacity:
             break
-        slot = latest_free(min(job.deadline, horizon))
+        slot = latest_free(max(0, min(job.deadline, horizon)))
         if slot == 0:
             continue
         placed[slot] = job

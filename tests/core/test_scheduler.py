@@ -29,7 +29,7 @@ def best_profit(jobs: list[Job], capacity: int) -> float:
 @pytest.mark.parametrize("seed", range(300))
 def test_greedy_plan_is_as_profitable_as_exhaustive_search(seed: int) -> None:
     rng = random.Random(seed)
-    jobs = [Job((rng.randrange(4), i), rng.randrange(0, 6), round(rng.random(), 3)) for i in range(rng.randrange(1, 8))]
+    jobs = [Job((rng.randrange(4), i), rng.randrange(-1, 6), round(rng.random(), 3)) for i in range(rng.randrange(1, 8))]
     capacity = rng.randrange(0, 7)
     plan = schedule(jobs, capacity)
     assert sum(j.profit for j in plan) == pytest.approx(best_profit(jobs, capacity))
@@ -45,7 +45,7 @@ def test_latest_free_slot_leaves_early_slots_for_urgent_jobs() -> None:
 
 
 def test_jobs_past_their_deadline_are_dropped() -> None:
-    late = Job((0, 1), deadline=0, profit=1.0)
+    late, later = Job((0, 1), deadline=0, profit=1.0), Job((0, 5), deadline=-2, profit=2.0)
     crowded = [Job((0, i), deadline=1, profit=0.1 * i) for i in range(2, 5)]
-    plan = schedule([late, *crowded], capacity=5)
+    plan = schedule([late, later, *crowded], capacity=5)
     assert plan == [crowded[-1]]
