@@ -13,7 +13,7 @@ decode layer; ``stream`` loads the next layer's experts during prefill.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -52,8 +52,10 @@ class ExpertCache:
         copier: Copier,
         policy: Policy,
         events: EventBus,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.host = host
+        self.clock = clock
         self.pool = SlotPool(host.layout, size, device)
         self.copier = copier
         self.policy = policy
@@ -181,7 +183,7 @@ class ExpertCache:
                 del self._queued[key]
 
     def _time_layer(self) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         if self._last_decode_layer_at is not None:
             sample = now - self._last_decode_layer_at
             if self.layer_seconds is None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from .bench import DEFAULT_SETUP, SETUPS
 from .errors import SeqMoEError
 from .policies import POLICY_NAMES
+from .simulate import HARDWARE, SHAPES
 from .resources import demo_model_dir
 
 
@@ -61,6 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--predictor", type=Path, help="predictor file (default: the calibrated or bundled one)")
     evaluate.add_argument("--horizon", type=int, help="horizons to report (default: the predictor's)")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+
+    simulate = commands.add_parser("simulate", help="replay routing traces on a virtual GPU, link and model shape")
+    simulate.add_argument("--traces", type=Path, required=True)
+    simulate.add_argument("--profile", default="rtx4090-pcie4", help="hardware profile: " + ", ".join(HARDWARE))
+    simulate.add_argument("--shape", default="olmoe", help="model shape for byte sizes: " + ", ".join(SHAPES))
+    simulate.add_argument("--policies", default="lru,seqmoe,oracle")
+    simulate.add_argument("--cache-ratios", default="0.2,0.3,0.45,0.6,0.8")
+    simulate.add_argument("--predictor", type=Path, help="predictor file for the seqmoe policy")
+    simulate.add_argument("--json", action="store_true")
 
     calibrate = commands.add_parser("calibrate", help="trace the calibration text and train this model's predictor")
     add_model_arguments(calibrate)
@@ -164,6 +174,40 @@ def run_bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_simulate(args: argparse.Namespace) -> int:
+    from .predictor.model import load_predictor
+    from .simulate import simulate
+    from .trace import read_traces
+
+    if args.profile not in HARDWARE or args.shape not in SHAPES:
+        raise SeqMoEError(f"unknown profile or shape; profiles: {', '.join(HARDWARE)}; shapes: {', '.join(SHAPES)}")
+    traces = read_traces(args.traces)
+    policies = [p for p in args.policies.split(",") if p]
+    predictor = None
+    if "seqmoe" in policies:
+        if args.predictor is None:
+            raise SeqMoEError("the seqmoe policy needs --predictor FILE")
+        predictor = load_predictor(args.predictor, traces.manifest["model"])
+    hardware, shape = HARDWARE[args.profile], SHAPES[args.shape]
+    try:
+        rows = [
+            simulate(traces, policy, float(ratio), hardware, shape, predictor).as_dict()
+            for ratio in args.cache_ratios.split(",")
+            for policy in policies
+        ]
+    except ValueError as error:
+        raise SeqMoEError(str(error)) from None
+    if args.json:
+        print(json.dumps({"profile": args.profile, "shape": args.shape, "rows": rows}))
+    out = sys.stderr if args.json else sys.stdout
+    print(f"{hardware.description}; {shape.description}; {rows[0]['tokens']} decode tokens of {args.traces}", file=out)
+    print(f"{'policy':<8}{'ratio':>7}{'vs full':>9}{'hit rate':>10}{'stall ms/tok':>14}{'unused pf':>11}", file=out)
+    for row in rows:
+        print(f"{row['policy']:<8}{row['cache_ratio']:>7.2f}{row['ratio_to_full']:>9.1%}{row['hit_rate']:>10.1%}"
+              f"{1000 * row['stall_seconds_per_token']:>14.3f}{row['unused_prefetch_fraction']:>11.1%}", file=out)
+    return 0
+
+
 class _StreamPrinter:
     """Prints decoded text as tokens arrive, holding back incomplete UTF-8 sequences."""
 
@@ -219,6 +263,7 @@ COMMANDS = {
     "train-predictor": run_predictor_command,
     "eval-predictor": run_predictor_command,
     "calibrate": run_predictor_command,
+    "simulate": run_simulate,
 }
 
 

@@ -30,6 +30,8 @@ and among them the lowest ``p`` goes first, then the least recently used.
 
 from __future__ import annotations
 
+import bisect
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -191,6 +193,10 @@ class OraclePolicy(BeladyPolicy):
         self.future = future
         self.horizon = horizon
         self.position = -1
+        self._uses: dict[ExpertKey, list[int]] = {}
+        for position, (layer, experts) in enumerate(future):
+            for expert in experts:
+                self._uses.setdefault((layer, expert), []).append(position)
 
     def observe(self, layer: int, experts: Sequence[int]) -> None:
         super().observe(layer, experts)
@@ -201,10 +207,9 @@ class OraclePolicy(BeladyPolicy):
         return [Forecast((target, e), 1.0, h) for h, (target, experts) in enumerate(upcoming, 1) for e in sorted(experts)]
 
     def distance(self, key: ExpertKey) -> float:
-        for offset, (layer, experts) in enumerate(self.future[self.position + 1 :], 1):
-            if layer == key[0] and key[1] in experts:
-                return float(offset)
-        return float("inf")
+        uses = self._uses.get(key, [])
+        index = bisect.bisect_right(uses, self.position)
+        return float(uses[index] - self.position) if index < len(uses) else float("inf")
 
     def stream_order(self, layer: int) -> Sequence[int]:
         for used_layer, experts in self.future[self.position + 1 :]:

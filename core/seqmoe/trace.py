@@ -31,6 +31,7 @@ from .loader import LoadedModel, find_routers, router_logits
 
 FORMAT_VERSION = 1
 SHARD_TOKENS = 8192
+PREFILL_CHUNK = 128
 _INDEX_KWARGS = ("top_k_index", "router_indices", "selected_experts")
 
 
@@ -129,7 +130,7 @@ def plain_tokenizer(loaded: LoadedModel) -> Callable[[list[str]], list[int]]:
 
 @torch.inference_mode()
 def trace_document(
-    loaded: LoadedModel, recorder: RoutingRecorder, document: Document, chunk: int = 128
+    loaded: LoadedModel, recorder: RoutingRecorder, document: Document, chunk: int = PREFILL_CHUNK
 ) -> dict[str, torch.Tensor]:
     """Prefill ``document`` in chunks, then continue greedily, recording every token."""
     model = loaded.model

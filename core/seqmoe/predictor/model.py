@@ -93,7 +93,10 @@ def load_predictor(path: Path, identity: dict[str, object] | None = None, device
     config_file = path.with_suffix(".json")
     if not path.is_file() or not config_file.is_file():
         raise SeqMoEError(f"no predictor at {path} (it needs {path.name} and {config_file.name})")
-    config = PredictorConfig(**json.loads(config_file.read_text()))
+    try:
+        config = PredictorConfig(**json.loads(config_file.read_text()))
+    except (TypeError, ValueError) as error:
+        raise SeqMoEError(f"{config_file.name} is not a predictor config of this seqmoe version: {error}") from None
     if identity is not None and not same_model(config.model, identity):
         raise SeqMoEError(
             f"predictor {path.name} was trained for {config.model.get('name')} "

@@ -1,0 +1,270 @@
+"""Trace-driven simulation: replay recorded routing through the real cache and policies
+on a virtual clock, with the costs of a named GPU, link and model shape.
+
+The same ``ExpertCache``, scheduler and policies as at run time make every decision; only
+time is modelled: a decode layer computes in ``layer_bytes / memory bandwidth`` (decode is
+memory-bandwidth bound), a copy takes ``latency + expert_bytes / link bandwidth`` on one
+lane, and compute waits for a missing expert. Routing comes from the trace, so a trace of
+a small model stands in for the routing of a large one, whose byte sizes come from the
+model shape.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .cache import ExpertCache
+from .events import EventBus
+from .policies import LRUPolicy, OraclePolicy, Policy, SeqMoEPolicy
+from .predictor.model import ExpertPredictor
+from .store import ExpertLayout
+from .trace import PREFILL_CHUNK, Traces
+from .transfer import CopyJob, ExpertKey, JobState
+
+
+@dataclass(frozen=True)
+class Hardware:
+    description: str
+    link_bytes_per_s: float
+    link_latency_s: float
+    memory_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    description: str
+    expert_bytes: int
+    attention_bytes: int
+    top_k: int
+
+    @property
+    def layer_bytes(self) -> int:
+        return self.top_k * self.expert_bytes + self.attention_bytes
+
+
+HARDWARE = {
+    "rtx4090-pcie4": Hardware("RTX 4090, PCIe 4.0 x16 (24 GB/s)", 24e9, 10e-6, 1008e9),
+    "rtx5090-pcie5": Hardware("RTX 5090, PCIe 5.0 x16 (48 GB/s)", 48e9, 10e-6, 1792e9),
+    "rtx4060laptop-pcie4x8": Hardware("RTX 4060 Laptop, PCIe 4.0 x8 (12 GB/s)", 12e9, 10e-6, 256e9),
+}
+SHAPES = {
+    "olmoe": ModelShape("OLMoE-1B-7B, bf16", 3 * 2048 * 1024 * 2, 4 * 2048 * 2048 * 2, 8),
+    "qwen3-30b-a3b": ModelShape("Qwen3-30B-A3B, bf16", 3 * 2048 * 768 * 2, (32 + 4 + 4 + 32) * 128 * 2048 * 2, 8),
+    "mixtral-8x7b": ModelShape("Mixtral-8x7B, bf16", 3 * 4096 * 14336 * 2, (32 + 8 + 8 + 32) * 128 * 4096 * 2, 2),
+}
+
+
+class VirtualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SimulatedCopier:
+    """One copy lane on the virtual clock; the same contract as the real copiers."""
+
+    link = "simulated"
+
+    def __init__(self, clock: VirtualClock, seconds_per_copy: float, expert_bytes: int) -> None:
+        self.clock = clock
+        self.copy_seconds = seconds_per_copy
+        self.expert_bytes = expert_bytes
+        self.bytes_copied = 0
+        self._queue: deque[CopyJob] = deque()
+        self._finish: dict[int, float] = {}
+        self._running: list[CopyJob] = []
+        self._free_at = 0.0
+        self._stall: dict[str, float] = {}
+
+    def submit(self, job: CopyJob, urgent: bool = False) -> None:
+        self._settle()
+        if urgent:
+            self._queue.appendleft(job)
+        else:
+            self._queue.append(job)
+        self._settle()
+
+    def cancel(self, job: CopyJob) -> bool:
+        self._settle()
+        if job in self._queue:
+            self._queue.remove(job)
+            job.state = JobState.CANCELLED
+            return True
+        return False
+
+    def wait(self, job: CopyJob, phase: str = "decode") -> None:
+        self._settle()
+        if job.state is JobState.QUEUED:
+            self._queue.remove(job)
+            self._start(job)
+        finish = self._finish.get(id(job), self.clock.now)
+        if finish > self.clock.now:
+            self._stall[phase] = self._stall.get(phase, 0.0) + finish - self.clock.now
+            self.clock.now = finish
+        self._settle()
+
+    def release(self, slot: int) -> None:
+        """Nothing to order on a virtual clock."""
+
+    def stall_seconds(self, phase: str | None = None) -> float:
+        return sum(self._stall.values()) if phase is None else self._stall.get(phase, 0.0)
+
+    def seconds_per_copy(self, nbytes: int) -> float:
+        return self.copy_seconds
+
+    def close(self) -> None:
+        """Nothing runs in the background."""
+
+    def _start(self, job: CopyJob) -> None:
+        start = max(self._free_at, self.clock.now)
+        self._free_at = start + self.copy_seconds
+        self._finish[id(job)] = self._free_at
+        job.state = JobState.COPYING
+        self._running.append(job)
+        self.bytes_copied += self.expert_bytes
+
+    def _settle(self) -> None:
+        """Start what the lane has started by now and finish what it has finished."""
+        while self._queue and self._free_at <= self.clock.now:
+            self._start(self._queue.popleft())
+        for job in [j for j in self._running if self._finish[id(j)] <= self.clock.now]:
+            self._running.remove(job)
+            job.state = JobState.DONE
+            job.ready.set()
+
+
+class _NoWeights:
+    """A host store with the right shape for the slot table and no weights to copy."""
+
+    def __init__(self, layers: int, experts: int) -> None:
+        self.layout = ExpertLayout(("none",), ((0,),), torch.float16, experts)
+        self.num_layers = layers
+        self.total_experts = layers * experts
+
+    def sources(self, key: ExpertKey) -> list[torch.Tensor]:
+        return [torch.empty(0, dtype=torch.float16)]
+
+
+@dataclass
+class SimulationResult:
+    policy: str
+    cache_ratio: float
+    cache_slots: int
+    decode_tokens: int
+    seconds: float
+    full_seconds: float
+    hits: int
+    misses: int
+    stall_seconds: float
+    h2d_bytes: int
+    prefetch_issued: int
+    prefetch_unused: int
+
+    def as_dict(self) -> dict[str, object]:
+        tokens = max(self.decode_tokens, 1)
+        return {
+            "policy": self.policy,
+            "cache_ratio": self.cache_ratio,
+            "cache_slots": self.cache_slots,
+            "tokens": self.decode_tokens,
+            "tokens_per_s": self.decode_tokens / self.seconds if self.seconds else 0.0,
+            "ratio_to_full": self.full_seconds / self.seconds if self.seconds else 1.0,
+            "hit_rate": self.hits / max(self.hits + self.misses, 1),
+            "stall_seconds_per_token": self.stall_seconds / tokens,
+            "h2d_bytes_per_token": self.h2d_bytes / tokens,
+            "unused_prefetch_fraction": self.prefetch_unused / self.prefetch_issued if self.prefetch_issued else 0.0,
+        }
+
+
+def decode_accesses(traces: Traces) -> list[tuple[int, int, frozenset[int]]]:
+    """(token, layer, experts) of every decode-phase position, in execution order."""
+    tokens = traces.decode.nonzero().squeeze(1).tolist()
+    layers = traces.experts.shape[1]
+    return [(t, l, frozenset(traces.experts[t, l].tolist())) for t in tokens for l in range(layers)]
+
+
+def prefill_chunks(traces: Traces, document: int) -> list[list[int]]:
+    """The prefill tokens of ``document`` in the chunks ``trace_document`` ran them in."""
+    tokens = ((traces.document == document) & (traces.decode == 0)).nonzero().squeeze(1).tolist()
+    return [tokens[i : i + PREFILL_CHUNK] for i in range(0, len(tokens), PREFILL_CHUNK)]
+
+
+def simulate(
+    traces: Traces,
+    policy_name: str,
+    cache_ratio: float,
+    hardware: Hardware,
+    shape: ModelShape,
+    predictor: ExpertPredictor | None = None,
+) -> SimulationResult:
+    """Replay each document of ``traces``, its prefill chunks then its decode tokens, through the
+    cache, as the engine would run them; decode figures are reported."""
+    layers, experts = traces.experts.shape[1], traces.probs.shape[-1]
+    host = _NoWeights(layers, experts)
+    slots = max(round(cache_ratio * host.total_experts), traces.experts.shape[2] + 1)
+    clock = VirtualClock()
+    copier = SimulatedCopier(clock, hardware.link_latency_s + shape.expert_bytes / hardware.link_bytes_per_s, shape.expert_bytes)
+    accesses = decode_accesses(traces)
+    policy = _policy(policy_name, traces, accesses, predictor)
+    cache = ExpertCache(host, slots, torch.device("cpu"), copier, policy, EventBus(), clock=clock)
+    layer_seconds = shape.layer_bytes / hardware.memory_bytes_per_s
+    decode_seconds = 0.0
+    for document in traces.document.unique().tolist():
+        cache.end_of_generation()
+        for chunk in prefill_chunks(traces, document):
+            for layer in range(layers):
+                needed = sorted(set(traces.experts[chunk, layer].reshape(-1).tolist()))
+                for start in range(0, len(needed), slots):
+                    group = needed[start : start + slots]
+                    held = cache.acquire(layer, group, prefill=True)
+                    if policy.streams_prefill and start + slots >= len(needed) and layer + 1 < layers:
+                        cache.stream(layer + 1, policy.stream_order(layer + 1))
+                    clock.now += (shape.attention_bytes + len(group) * shape.expert_bytes) / hardware.memory_bytes_per_s
+                    cache.release(held)
+        began = clock.now
+        for token in ((traces.document == document) & (traces.decode == 1)).nonzero().squeeze(1).tolist():
+            for layer in range(layers):
+                needed = sorted(traces.experts[token, layer].tolist())
+                held = cache.acquire(layer, needed, prefill=False)
+                forecasts = policy.forecast(layer, traces.hidden[token, layer].float(), torch.tensor(needed))
+                if forecasts:
+                    cache.plan(forecasts)
+                clock.now += layer_seconds
+                cache.release(held)
+        decode_seconds += clock.now - began
+    decode = cache.phases["decode"]
+    return SimulationResult(
+        policy=policy_name,
+        cache_ratio=cache_ratio,
+        cache_slots=slots,
+        decode_tokens=len(accesses) // layers,
+        seconds=decode_seconds,
+        full_seconds=len(accesses) * layer_seconds,
+        hits=decode.hits,
+        misses=decode.misses,
+        stall_seconds=copier.stall_seconds("decode"),
+        h2d_bytes=copier.bytes_copied,
+        prefetch_issued=cache.prefetches.issued,
+        prefetch_unused=cache.prefetches.unused,
+    )
+
+
+def _policy(name: str, traces: Traces, accesses: list, predictor: ExpertPredictor | None) -> Policy:
+    layers, experts = traces.experts.shape[1], traces.probs.shape[-1]
+    if name == "lru":
+        return LRUPolicy(experts)
+    if name == "oracle":
+        return OraclePolicy([(layer, chosen) for _, layer, chosen in accesses], layers, experts, horizon=4)
+    if name == "seqmoe":
+        if predictor is None:
+            raise ValueError("the seqmoe policy needs a predictor")
+        prior = (torch.tensor(predictor.config.frequency) * predictor.config.top_k).clamp(max=1.0)
+        predict: Callable = predictor.predict
+        return SeqMoEPolicy(predict, layers, prior)
+    raise ValueError(f"the simulator replays lru, seqmoe and oracle, not {name!r}")
