@@ -57,6 +57,7 @@ class ExpertPredictor(nn.Module):
         self.target_bias = nn.Embedding(layers, experts)
         nn.init.zeros_(self.target_bias.weight)
         self.register_buffer("horizons", torch.arange(1, config.horizon + 1), persistent=False)
+        self._tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, hidden: torch.Tensor, layer: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
         """Logits ``[N, H, E]`` from hidden states ``[N, hidden]``, layer ids ``[N]`` and routed experts ``[N, k]``."""
@@ -71,14 +72,39 @@ class ExpertPredictor(nn.Module):
         decoded = decoded + F.gelu(self.decoder_hidden(decoded))
         return self.head(decoded) + self.target_bias(target)
 
+    def train(self, mode: bool = True) -> "ExpertPredictor":
+        self._tables = None
+        return super().train(mode)
+
     @torch.inference_mode()
     def predict(self, hidden: torch.Tensor, layer: int, routed: torch.Tensor) -> torch.Tensor:
-        """Probabilities ``[H, E]`` that each expert of layers ``l+1 .. l+H`` is used, for one token."""
-        layer_ids = self._layer_ids[layer] if hasattr(self, "_layer_ids") else None
-        if layer_ids is None or layer_ids.device != hidden.device:
-            self._layer_ids = torch.arange(self.config.num_layers, device=hidden.device).unsqueeze(1)
-            layer_ids = self._layer_ids[layer]
-        return torch.sigmoid(self(hidden.reshape(1, -1), layer_ids, routed.reshape(1, -1)))[0]
+        """Probabilities ``[H, E]`` that each expert of layers ``l+1 .. l+H`` is used, for one token.
+
+        The same function as ``forward`` for one token, with everything that depends only on
+        the layer looked up from tables: it runs at every MoE layer of every decode step.
+        """
+        tables = self._tables
+        if tables is None or tables[0].device != hidden.device:
+            tables = self._tables = self._layer_tables(hidden.device)
+        layer_term, queries, bias = tables
+        state = F.linear(
+            F.layer_norm(hidden.reshape(-1).float(), self.input_norm.normalized_shape, self.input_norm.weight, self.input_norm.bias),
+            self.input_proj.weight,
+            self.input_proj.bias,
+        )
+        choice = self.expert_embedding.weight[routed.reshape(-1).long() + layer * self.config.num_experts].sum(dim=0)
+        context = F.linear(F.gelu(state + choice + layer_term[layer]), self.encoder_out.weight, self.encoder_out.bias)
+        decoded = F.gelu(context + queries[layer])
+        decoded = decoded + F.gelu(F.linear(decoded, self.decoder_hidden.weight, self.decoder_hidden.bias))
+        return torch.sigmoid(F.linear(decoded, self.head.weight, self.head.bias) + bias[layer])
+
+    def _layer_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per source layer: its embedding plus the input bias, its H queries, its targets' output biases."""
+        cfg = self.config
+        layers = torch.arange(cfg.num_layers, device=device)
+        targets = (layers.unsqueeze(1) + self.horizons.to(device)) % cfg.num_layers
+        queries = self.query_embedding.weight.view(cfg.num_layers, cfg.horizon, -1)
+        return self.layer_embedding.weight.detach(), queries.detach(), self.target_bias(targets).detach()
 
 
 def save_predictor(predictor: ExpertPredictor, path: Path) -> None:
