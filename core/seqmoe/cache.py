@@ -26,6 +26,8 @@ from .transfer import Copier, CopyJob, ExpertKey, JobState
 
 PHASES = ("prefill", "decode")
 LAYER_TIME_SMOOTHING = 0.2
+DEMOTE_ABOVE = 0.5
+"""Late prefetches at least this likely are still queued (see ``scheduler``)."""
 
 
 @dataclass
@@ -132,9 +134,9 @@ class ExpertCache:
                 return len(best)
             return int(horizon * self.layer_seconds / copy_seconds) - in_flight
 
-        jobs = [Job(key, deadline(f.horizon), f.probability * copy_seconds) for key, f in best.items()]
+        jobs = [Job(key, deadline(f.horizon), f.probability * copy_seconds, f.probability) for key, f in best.items()]
         room = self.pool.owner.count(None) + len(self._evictable())
-        for job in schedule(jobs, room):
+        for job in schedule(jobs, room, demote_above=DEMOTE_ABOVE):
             if not self._prefetch(job.key):
                 break
 

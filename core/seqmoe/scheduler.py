@@ -8,9 +8,12 @@ decreasing profit and puts each in the latest free slot before its deadline, fou
 a union-find over slots; with unit-length jobs this maximises the total profit, also
 under a cap on how many copies the cache has room for (a truncated matroid).
 
-A job that finds no free slot before its deadline is *dropped*, not demoted to a later
-slot: a copy that lands after its layer has run is a miss anyway and would only occupy
-the link and a slot that the next re-plan (one layer later) can use better.
+A job that finds no free slot before its deadline cannot arrive in time, but it still
+shortens the stall of its layer by whatever part of the copy it overlaps with compute,
+and on a link slower than a layer's compute that is the common case. Such a job is
+*demoted* when it is likely to be used (``probability >= demote_above``): queued after all
+on-time jobs, soonest deadline first, while the cache has room. Unlikely late jobs are
+*dropped*: they would occupy the link that a miss needs.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ class Job:
     deadline: int
     """Slots that end before the expert's layer starts (0: too late to prefetch)."""
     profit: float
+    probability: float = 0.0
 
 
-def schedule(jobs: Sequence[Job], capacity: int) -> list[Job]:
-    """The most profitable feasible set of at most ``capacity`` jobs, in slot (execution) order."""
+def schedule(jobs: Sequence[Job], capacity: int, demote_above: float | None = None) -> list[Job]:
+    """The most profitable set of at most ``capacity`` jobs that meet their deadlines, in slot
+    (execution) order, followed by the demoted late jobs (see the module docstring)."""
     horizon = max(0, min(max((job.deadline for job in jobs), default=0), len(jobs)))
     parent = list(range(horizon + 1))  # parent[t]: latest free slot <= t, as slot index + 1 (0 = none)
 
@@ -51,4 +56,10 @@ def schedule(jobs: Sequence[Job], capacity: int) -> list[Job]:
             continue
         placed[slot] = job
         parent[slot] = slot - 1
-    return [placed[slot] for slot in sorted(placed)]
+    on_time = [placed[slot] for slot in sorted(placed)]
+    if demote_above is None:
+        return on_time
+    chosen = set(map(id, on_time))
+    late = [j for j in jobs if id(j) not in chosen and j.probability >= demote_above]
+    late.sort(key=lambda j: (j.deadline, -j.profit, j.key))
+    return on_time + late[: max(capacity - len(on_time), 0)]

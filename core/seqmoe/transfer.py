@@ -207,7 +207,7 @@ class CudaCopier:
 
     link = "cuda"
 
-    def __init__(self, device: torch.device, max_in_flight: int = 4) -> None:
+    def __init__(self, device: torch.device, max_in_flight: int = 2) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
         self.max_in_flight = max_in_flight

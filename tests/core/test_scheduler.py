@@ -44,6 +44,15 @@ def test_latest_free_slot_leaves_early_slots_for_urgent_jobs() -> None:
     assert schedule([relaxed, urgent], capacity=5) == [urgent, relaxed]
 
 
+def test_likely_late_jobs_are_demoted_behind_on_time_jobs() -> None:
+    on_time = Job((1, 0), deadline=2, profit=0.3, probability=0.3)
+    likely_late = [Job((0, 1), deadline=0, profit=0.9, probability=0.9), Job((0, 2), deadline=-1, profit=0.6, probability=0.6)]
+    unlikely_late = Job((0, 3), deadline=0, profit=0.2, probability=0.2)
+    plan = schedule([on_time, *likely_late, unlikely_late], capacity=5, demote_above=0.5)
+    assert plan == [on_time, likely_late[1], likely_late[0]]
+    assert schedule([on_time, *likely_late, unlikely_late], capacity=2, demote_above=0.5) == [on_time, likely_late[1]]
+
+
 def test_jobs_past_their_deadline_are_dropped() -> None:
     late, later = Job((0, 1), deadline=0, profit=1.0), Job((0, 5), deadline=-2, profit=2.0)
     crowded = [Job((0, i), deadline=1, profit=0.1 * i) for i in range(2, 5)]
