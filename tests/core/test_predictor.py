@@ -129,3 +129,33 @@ def test_positions_wrap_into_the_next_token_but_not_the_next_document(traced: tu
     first_of_second_doc = int((traces.document == 1).nonzero()[0]) * layers
     assert positions.target[0].tolist() == [1, 2, 3, 4]
     assert positions.target[first_of_second_doc - 1].tolist() == [-1, -1, -1, -1]
+
+
+class Cancelled(Exception):
+    pass
+
+
+def test_calibration_is_found_again_and_can_be_cancelled(tiny_models: dict[str, Path], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from seqmoe.predictor.calibration import calibrate, find_predictor, user_predictor_path
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    text = tmp_path / "calibration.txt"
+    text.write_text(CHAT_TEXT)
+    engine = Engine(load_model(str(tiny_models["mixtral"]), device="cpu"))
+    engine.configure("full")
+    assert find_predictor(engine.loaded) is None
+
+    def cancel_when_training(stage: str, fraction: float) -> None:
+        if stage.startswith("Training"):
+            raise Cancelled
+
+    with pytest.raises(Cancelled):
+        calibrate(engine.loaded, TrainingOptions(epochs=2, width=16), cancel_when_training, text, continuation=4)
+    assert find_predictor(engine.loaded) is None
+    stages = []
+    _, path = calibrate(engine.loaded, TrainingOptions(epochs=2, width=16), lambda s, f: stages.append(f), text, continuation=4)
+    assert path == user_predictor_path(model_identity(engine.loaded)) and str(tmp_path) in str(path)
+    assert find_predictor(engine.loaded) == path
+    assert stages == sorted(stages) and stages[-1] == 1.0
+    engine.close()

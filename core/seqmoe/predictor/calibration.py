@@ -67,6 +67,8 @@ def calibrate(
     options: TrainingOptions | None = None,
     on_progress: Callable[[str, float], None] | None = None,
     text: Path | None = None,
+    tokens: int = CALIBRATION_TOKENS,
+    continuation: int = CONTINUATION_TOKENS,
 ) -> tuple[ExpertPredictor, Path]:
     """Trace the calibration text, train a predictor, store it in the user cache; may be cancelled
     by ``on_progress`` raising."""
@@ -77,10 +79,10 @@ def calibrate(
     def traced(tokens: int) -> None:
         nonlocal done
         done += tokens
-        report(f"Tracing routing ({done} tokens)", 0.5 * min(done / CALIBRATION_TOKENS, 1.0))
+        report(f"Tracing routing ({done} tokens)", 0.5 * min(done / tokens, 1.0))
 
     source = (text or calibration_text()).read_text(encoding="utf-8")
-    traces = collect_traces(loaded, source, chat, CALIBRATION_TOKENS, CONTINUATION_TOKENS, traced)
+    traces = collect_traces(loaded, source, chat, tokens, continuation, traced)
     options = options or TrainingOptions()
 
     def epoch_done(epoch: int, train_loss: float, val_loss: float) -> None:
