@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--traces", type=Path, required=True)
     train.add_argument("--out", type=Path, required=True, help="predictor file (.safetensors; a .json config goes beside it)")
     train.add_argument("--horizon", type=int, default=4, help="how many MoE layers ahead to forecast")
-    train.add_argument("--epochs", type=int, default=30)
+    train.add_argument("--epochs", type=int, default=15)
     train.add_argument("--width", type=int, default=192, help="the predictor's model width")
 
     evaluate = commands.add_parser("eval-predictor", help="forecast quality of the predictor and the baselines")
@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate = commands.add_parser("calibrate", help="trace the calibration text and train this model's predictor")
     add_model_arguments(calibrate)
     calibrate.add_argument("--text", type=Path, help="calibration text (default: the one shipped in resources/)")
-    calibrate.add_argument("--epochs", type=int, default=30)
+    calibrate.add_argument("--epochs", type=int, default=15)
     return parser
 
 

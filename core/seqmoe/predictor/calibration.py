@@ -19,7 +19,7 @@ from ..trace import Traces, chat_tokenizer, iter_traces, model_identity, plain_t
 from .model import ExpertPredictor, load_predictor, save_predictor
 from .training import TrainingOptions, train_predictor
 
-CALIBRATION_TOKENS = 24_000
+CALIBRATION_TOKENS = 12_000
 CONTINUATION_TOKENS = 48
 
 

@@ -20,10 +20,10 @@ from .samples import Positions, positions_of, split_documents
 @dataclass
 class TrainingOptions:
     horizon: int = 4
-    epochs: int = 30
-    batch_size: int = 512
-    learning_rate: float = 2e-3
-    patience: int = 4
+    epochs: int = 15
+    batch_size: int = 1024
+    learning_rate: float = 3e-3
+    patience: int = 3
     width: int = 192
     seed: int = 0
 
