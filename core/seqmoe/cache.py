@@ -41,8 +41,13 @@ class PrefetchCounters:
     issued: int = 0
     used: int = 0
     unused: int = 0
-    """Evicted or cancelled before any layer used them."""
+    """Copied, then evicted before any layer used them."""
     cancelled: int = 0
+    """Dropped from the queue by a re-plan before their copy started (no bytes moved)."""
+
+    @property
+    def copied(self) -> int:
+        return self.issued - self.cancelled
 
 
 class ExpertCache:
@@ -178,7 +183,6 @@ class ExpertCache:
                 self.pool.clear(job.slot)
                 self._prefetched.discard(key)
                 self.prefetches.cancelled += 1
-                self.prefetches.unused += 1
                 if self.events.active:
                     self.events.emit(PrefetchCancelled(key))
             if job.state is not JobState.COPYING:

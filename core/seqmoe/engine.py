@@ -288,7 +288,7 @@ class Engine:
             counts[f"{phase}_misses"] = counter.misses
             counts[f"{phase}_stall_seconds"] = self._copier.stall_seconds(phase)
         prefetches = self.cache.prefetches
-        counts.update(prefetch_issued=prefetches.issued, prefetch_unused=prefetches.unused)
+        counts.update(prefetch_issued=prefetches.copied, prefetch_unused=prefetches.unused)
         return counts
 
     def _make_copier(self) -> Copier:

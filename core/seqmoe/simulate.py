@@ -250,7 +250,7 @@ def simulate(
         misses=decode.misses,
         stall_seconds=copier.stall_seconds("decode"),
         h2d_bytes=copier.bytes_copied,
-        prefetch_issued=cache.prefetches.issued,
+        prefetch_issued=cache.prefetches.copied,
         prefetch_unused=cache.prefetches.unused,
     )
 

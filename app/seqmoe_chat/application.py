@@ -1,0 +1,63 @@
+"""Starting the app: the Qt application, the data folder, the database, the engine worker."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtWidgets import QApplication
+
+from .engine_client import EngineClient
+from .paths import data_dir
+from .store import DATABASE_NAME, ConversationStore, OpenedDatabase, Settings, SettingsStore, open_database
+from .worker import EngineOpener, open_engine
+
+APP_TITLE = "SeqMoE Chat"
+LOG_NAME = "seqmoe-chat.log"
+
+
+@dataclass
+class AppContext:
+    """What the main window works with; tests build one with a fake engine."""
+
+    data_dir: Path
+    database: OpenedDatabase
+    store: ConversationStore
+    settings_store: SettingsStore
+    settings: Settings
+    client: EngineClient
+
+
+def open_context(folder: Path, opener: EngineOpener = open_engine) -> AppContext:
+    database = open_database(folder / DATABASE_NAME)
+    store = ConversationStore(database.connection)
+    store.mark_interrupted()
+    # Deleted conversations could be restored until the app ended; now they go.
+    store.purge_deleted()
+    settings_store = SettingsStore(database.connection)
+    return AppContext(folder, database, store, settings_store, settings_store.load(), EngineClient(opener))
+
+
+def create_application() -> QApplication:
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName(APP_TITLE)
+    app.setApplicationDisplayName(APP_TITLE)
+    app.setDesktopFileName("seqmoe-chat")
+    return app
+
+
+def run_app(data_dir_override: Path | None, model: str | None) -> int:
+    from .main_window import MainWindow
+
+    app = create_application()
+    folder = data_dir(data_dir_override)
+    folder.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(
+        filename=folder / LOG_NAME, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    window = MainWindow(open_context(folder), model)
+    window.show()
+    window.start()
+    return app.exec()

@@ -1,0 +1,79 @@
+"""The input box under the chat, with Send and Stop. Enter sends; Shift+Enter starts a
+new line."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeyEvent
+from PySide6.QtWidgets import QHBoxLayout, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
+
+MAX_VISIBLE_LINES = 8
+
+
+class _InputBox(QPlainTextEdit):
+    sig_enter_pressed = Signal()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+        if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+            self.sig_enter_pressed.emit()
+            return
+        if enter:
+            self.insertPlainText("\n")
+            return
+        super().keyPressEvent(event)
+
+
+class Composer(QWidget):
+    sig_message_submitted = Signal(str)
+    sig_stop_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.input = _InputBox()
+        self.input.setPlaceholderText("Message the model (Enter sends, Shift+Enter starts a new line)")
+        self.input.setTabChangesFocus(True)
+        self.send_button = QPushButton("Send")
+        self.send_button.setDefault(True)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("Stop the reply (Esc)")
+        self.input.sig_enter_pressed.connect(self.submit)
+        self.send_button.clicked.connect(self.submit)
+        self.stop_button.clicked.connect(self.sig_stop_requested)
+        self.input.textChanged.connect(self._fit_height)
+        buttons = QVBoxLayout()
+        buttons.addWidget(self.send_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addStretch()
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(12, 6, 12, 10)
+        layout.addWidget(self.input, 1)
+        layout.addLayout(buttons)
+        self.set_busy(False)
+        self._fit_height()
+
+    def text(self) -> str:
+        return self.input.toPlainText()
+
+    def set_text(self, text: str) -> None:
+        self.input.setPlainText(text)
+
+    def clear(self) -> None:
+        self.input.clear()
+
+    def submit(self) -> None:
+        """Offer the text; the window clears the box once the message is accepted."""
+        if self.send_button.isEnabled() and self.text().strip():
+            self.sig_message_submitted.emit(self.text())
+
+    def set_busy(self, busy: bool) -> None:
+        self.send_button.setEnabled(not busy)
+        self.stop_button.setEnabled(busy)
+
+    def _fit_height(self) -> None:
+        line = self.input.fontMetrics().lineSpacing()
+        # A plain-text document's height is its number of visual lines, wrapped ones included.
+        lines = min(max(int(self.input.document().size().height()), 2), MAX_VISIBLE_LINES)
+        margins = self.input.contentsMargins()
+        frame = 2 * self.input.frameWidth() + 2 * int(self.input.document().documentMargin())
+        self.input.setFixedHeight(lines * line + frame + margins.top() + margins.bottom())

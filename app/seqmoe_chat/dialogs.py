@@ -1,0 +1,40 @@
+"""The app's file choosers and messages, in one place so that tests can stand in for them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
+
+from .transcripts.export import FORMAT_NAMES, format_for
+
+_FILTERS = {fmt: f"{name} (*.{fmt})" for fmt, name in FORMAT_NAMES.items()}
+
+
+def ask_export_path(parent: QWidget, suggested_name: str, fmt: str | None) -> tuple[Path, str] | None:
+    """A file to export to and its format (from the chosen filter, or ``fmt`` when given)."""
+    filters = [_FILTERS[fmt]] if fmt else list(_FILTERS.values())
+    path, chosen = QFileDialog.getSaveFileName(parent, "Export", f"{suggested_name}.{fmt or 'md'}", ";;".join(filters))
+    if not path:
+        return None
+    chosen_format = fmt or next((f for f, text in _FILTERS.items() if text == chosen), None) or format_for(Path(path))
+    if chosen_format not in FORMAT_NAMES:
+        chosen_format = "md"
+    if Path(path).suffix == "":
+        path = f"{path}.{chosen_format}"
+    return Path(path), chosen_format
+
+
+def ask_import_path(parent: QWidget) -> Path | None:
+    path, _ = QFileDialog.getOpenFileName(parent, "Import conversations", "", "SeqMoE Chat JSON (*.json)")
+    return Path(path) if path else None
+
+
+def show_error(parent: QWidget, title: str, text: str) -> QMessageBox:
+    """A window-modal message that does not block the caller (the GUI keeps running)."""
+    box = QMessageBox(QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok, parent)
+    box.setObjectName("errorMessage")
+    box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+    box.open()
+    return box

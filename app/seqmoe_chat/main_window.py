@@ -1,0 +1,381 @@
+"""The main window: conversations on the left, the chat in the middle, the model in the
+toolbar, its figures in the status bar. It wires the widgets to the chat session and the
+engine client and owns the menus and shortcuts."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from PySide6.QtCore import QByteArray, Qt, Slot
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import QApplication, QMainWindow, QMenu, QSplitter, QVBoxLayout, QWidget
+
+from . import dialogs
+from .application import APP_TITLE, AppContext
+from .chat_header import ChatHeader
+from .chat_session import ChatSession
+from .chat_view import ChatView
+from .composer import Composer
+from .conversation_dialog import ConversationDialog
+from .model_bar import ModelBar
+from .settings_dialog import SettingsDialog
+from .sidebar import Sidebar
+from .status_bar import StatusBar
+from .store import Message
+from .store.records import ASSISTANT
+from .store.settings import THEMES
+from .theme import apply_theme
+from .transcripts.export import write_export
+from .transcripts.json_format import TranscriptError, import_json
+from .transcripts.transcript import load_transcripts
+from .worker import ModelInfo
+
+STATUS_MESSAGE_MS = 6000
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, context: AppContext, model: str | None = None) -> None:
+        super().__init__()
+        self.context = context
+        self.store = context.store
+        self.settings = context.settings
+        self.client = context.client
+        self.session = ChatSession(self.store, self.client, self)
+        self.session.default_sampling = self.settings.sampling
+        self.setWindowTitle(APP_TITLE)
+
+        self.sidebar = Sidebar()
+        self.header = ChatHeader()
+        self.chat = ChatView()
+        self.composer = Composer()
+        centre = QWidget()
+        centre_layout = QVBoxLayout(centre)
+        centre_layout.setContentsMargins(0, 0, 0, 0)
+        centre_layout.setSpacing(0)
+        centre_layout.addWidget(self.header)
+        centre_layout.addWidget(self.chat, 1)
+        centre_layout.addWidget(self.composer)
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.setObjectName("mainSplitter")
+        self.splitter.addWidget(self.sidebar)
+        self.splitter.addWidget(centre)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([260, 940])
+        self.setCentralWidget(self.splitter)
+        self.model_bar = ModelBar()
+        toolbar = self.addToolBar("Model")
+        toolbar.setObjectName("modelToolbar")
+        toolbar.setMovable(False)
+        toolbar.addWidget(self.model_bar)
+        self.status = StatusBar()
+        self.setStatusBar(self.status)
+
+        self._load_id: int | None = None
+        self._reply_started = 0.0
+        self._model = self.settings.model if model is None else model
+        self.model_bar.set_models(self.settings.recent_models, self._model)
+        self._build_actions()
+        self._build_menus()
+        self._connect()
+        self._restore_layout()
+        apply_theme(QApplication.instance(), self.settings.theme)
+        summaries = self.store.summaries()
+        self.session.open(summaries[0].id if summaries else None)
+
+    def start(self) -> None:
+        """After the window is shown: report a database that had to be replaced, load the model."""
+        if self.context.database.notice:
+            dialogs.show_error(self, "Chat database replaced", self.context.database.notice)
+        self.load_model(self._model)
+        self.composer.input.setFocus()
+
+    # Actions and menus
+
+    def _build_actions(self) -> None:
+        def action(text: str, slot, shortcut: QKeySequence | str | None = None, tip: str = "") -> QAction:
+            made = QAction(text, self)
+            if shortcut is not None:
+                made.setShortcut(QKeySequence(shortcut))
+            made.setStatusTip(tip)
+            made.triggered.connect(slot)
+            self.addAction(made)
+            return made
+
+        self.action_new = action("&New Chat", self.new_conversation, QKeySequence.StandardKey.New)
+        self.action_import = action("&Import…", self.import_conversations, tip="Add conversations from a JSON export")
+        self.action_export = action("&Export Conversation…", self.export_current, "Ctrl+E")
+        self.action_export_all = action("Export &All Conversations…", lambda: self.export(self.store_ids(), None))
+        self.action_settings = action("&Settings…", self.open_settings, QKeySequence.StandardKey.Preferences)
+        self.action_quit = action("&Quit", self.close, QKeySequence.StandardKey.Quit)
+        self.action_find = action("&Find Chats", self.sidebar.focus_search, QKeySequence.StandardKey.Find)
+        self.action_stop = action("&Stop", self.session.stop, "Esc", "Stop the reply")
+        self.action_regenerate = action("&Regenerate", self.regenerate_last, "Ctrl+R")
+        self.action_conversation_settings = action("&Prompt and Sampling…", self.edit_conversation_settings)
+        self.action_rename = action("Re&name", self.rename_current, "F2")
+        self.action_delete = action("&Delete", lambda: self.delete_conversation(self.session.conversation_id))
+        self.action_load = action("&Load Model", lambda: self.load_model(self.model_bar.chosen_model()))
+        self.action_unload = action("&Unload Model", self.client.unload)
+        self.action_cancel_load = action("&Cancel Loading", self.client.cancel_load)
+        self.action_stop.setEnabled(False)
+        self.theme_actions = QActionGroup(self)
+        for theme in THEMES:
+            themed = self.theme_actions.addAction(theme.capitalize())
+            themed.setCheckable(True)
+            themed.setChecked(theme == self.settings.theme)
+            themed.triggered.connect(lambda _checked=False, theme=theme: self.set_theme(theme))
+
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+        _fill(bar.addMenu("&File"), self.action_new, None, self.action_import, self.action_export,
+              self.action_export_all, None, self.action_settings, None, self.action_quit)
+        _fill(bar.addMenu("&Chat"), self.action_stop, self.action_regenerate, self.action_conversation_settings, None,
+              self.action_find, self.action_rename, self.action_delete)
+        _fill(bar.addMenu("&Model"), self.action_load, self.action_unload, self.action_cancel_load)
+        view_menu = bar.addMenu("&View")
+        _fill(view_menu.addMenu("&Theme"), *self.theme_actions.actions())
+
+    def _connect(self) -> None:
+        sidebar, session, worker = self.sidebar, self.session, self.client.worker
+        sidebar.sig_conversation_selected.connect(session.open)
+        sidebar.sig_new_requested.connect(self.new_conversation)
+        sidebar.sig_conversation_renamed.connect(self._rename)
+        sidebar.sig_delete_requested.connect(self.delete_conversation)
+        sidebar.sig_undo_requested.connect(self._undo_delete)
+        sidebar.sig_export_requested.connect(lambda cid, fmt: self.export([cid], fmt))
+        sidebar.sig_search_changed.connect(self.refresh_conversations)
+        session.sig_thread_changed.connect(self._show_thread)
+        session.sig_message_added.connect(self._on_message_added)
+        session.sig_reply_streamed.connect(self._on_reply_streamed)
+        session.sig_message_changed.connect(self._on_message_changed)
+        session.sig_busy_changed.connect(self._on_busy_changed)
+        session.sig_conversations_changed.connect(self.refresh_conversations)
+        session.sig_model_needed.connect(lambda: self.load_model(self.model_bar.chosen_model()))
+        self.chat.sig_edit_submitted.connect(session.resend_edited)
+        self.chat.sig_regenerate_requested.connect(session.regenerate)
+        self.chat.sig_version_requested.connect(session.select_version)
+        self.header.sig_settings_requested.connect(self.edit_conversation_settings)
+        self.composer.sig_message_submitted.connect(self._send)
+        self.composer.sig_stop_requested.connect(session.stop)
+        self.model_bar.sig_load_requested.connect(self.load_model)
+        self.model_bar.sig_unload_requested.connect(self.client.unload)
+        self.model_bar.sig_load_cancel_requested.connect(self.client.cancel_load)
+        worker.sig_load_progressed.connect(self._on_load_progressed)
+        worker.sig_model_loaded.connect(self._on_model_loaded)
+        worker.sig_load_failed.connect(self._on_load_failed)
+        worker.sig_load_cancelled.connect(self._on_load_cancelled)
+        worker.sig_model_unloaded.connect(self._on_model_unloaded)
+        QApplication.styleHints().colorSchemeChanged.connect(self._on_color_scheme_changed)
+
+    # Conversations
+
+    def store_ids(self) -> list[int]:
+        return [summary.id for summary in self.store.summaries()]
+
+    @Slot()
+    def refresh_conversations(self) -> None:
+        self.sidebar.set_conversations(self.store.summaries(self.sidebar.search.text()), self.session.conversation_id)
+        conversation_id = self.session.conversation_id
+        conversation = self.store.get(conversation_id) if conversation_id and self.store.exists(conversation_id) else None
+        self.header.show_conversation(conversation)
+        # Qt adds the application's display name to the title on its own.
+        self.setWindowTitle(conversation.title if conversation else APP_TITLE)
+
+    def new_conversation(self) -> None:
+        self.session.new_conversation()
+        self.composer.input.setFocus()
+
+    def rename_current(self) -> None:
+        if self.session.conversation_id is not None:
+            self.sidebar.start_rename(self.session.conversation_id)
+
+    def _rename(self, conversation_id: int, title: str) -> None:
+        self.store.rename(conversation_id, title)
+        self.refresh_conversations()
+
+    def delete_conversation(self, conversation_id: int | None) -> None:
+        if conversation_id is None or not self.store.exists(conversation_id):
+            return
+        if self.session.busy and self.session.active_conversation_id == conversation_id:
+            self.session.stop()
+        title = self.store.get(conversation_id).title
+        self.store.delete(conversation_id)
+        self.sidebar.show_undo(conversation_id, title)
+        if conversation_id == self.session.conversation_id:
+            remaining = self.store_ids()
+            self.session.open(remaining[0] if remaining else None)
+        self.refresh_conversations()
+
+    def _undo_delete(self, conversation_id: int) -> None:
+        self.store.restore(conversation_id)
+        self.session.open(conversation_id)
+        self.refresh_conversations()
+
+    def edit_conversation_settings(self) -> None:
+        if self.session.conversation_id is None or not self.store.exists(self.session.conversation_id):
+            self.session.new_conversation()
+        conversation = self.store.get(self.session.conversation_id)
+        dialog = ConversationDialog(conversation, self)
+        if dialog.exec():
+            self.store.configure(conversation.id, *dialog.values())
+            self.refresh_conversations()
+
+    def regenerate_last(self) -> None:
+        if self.session.conversation_id is None or self.session.busy:
+            return
+        thread = self.store.thread(self.session.conversation_id)
+        if thread and thread[-1].message.role == ASSISTANT:
+            self.session.regenerate(thread[-1].message.id)
+
+    def _send(self, text: str) -> None:
+        if self.session.send(text):
+            self.composer.clear()
+
+    def _show_thread(self) -> None:
+        conversation_id = self.session.conversation_id
+        exists = conversation_id is not None and self.store.exists(conversation_id)
+        self.chat.show_thread(self.store.thread(conversation_id) if exists else [], self.session.busy)
+        self.refresh_conversations()
+
+    def _on_message_added(self, message: Message) -> None:
+        if message.conversation_id == self.session.conversation_id:
+            self.chat.append(message)
+
+    def _on_reply_streamed(self, message_id: int, text: str, tokens: int) -> None:
+        self.chat.stream(message_id, text)
+        self.status.show_speed(tokens, time.monotonic() - self._reply_started)
+
+    def _on_message_changed(self, message: Message) -> None:
+        self.chat.update_message(message)
+        self.status.show_reply_stats(message.stats)
+
+    def _on_busy_changed(self, busy: bool) -> None:
+        self.composer.set_busy(busy)
+        self.chat.set_busy(busy)
+        self.action_stop.setEnabled(busy)
+        if busy:
+            self._reply_started = time.monotonic()
+
+    # Export and import
+
+    def export_current(self) -> None:
+        if self.session.conversation_id is not None and self.store.exists(self.session.conversation_id):
+            self.export([self.session.conversation_id], None)
+
+    def export(self, conversation_ids: list[int], fmt: str | None) -> None:
+        if not conversation_ids:
+            self.status.showMessage("There is nothing to export yet.", STATUS_MESSAGE_MS)
+            return
+        name = self.store.get(conversation_ids[0]).title if len(conversation_ids) == 1 else "SeqMoE Chat conversations"
+        target = dialogs.ask_export_path(self, _file_name(name), fmt)
+        if target is None:
+            return
+        path, chosen = target
+        try:
+            write_export(path, load_transcripts(self.store, conversation_ids), chosen)
+        except OSError as error:
+            dialogs.show_error(self, "Export failed", f"{path} could not be written: {error.strerror or error}")
+            return
+        self.status.showMessage(f"Exported {len(conversation_ids)} conversation(s) to {path}", STATUS_MESSAGE_MS)
+
+    def import_conversations(self) -> None:
+        path = dialogs.ask_import_path(self)
+        if path is None:
+            return
+        try:
+            ids = import_json(self.store, path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, TranscriptError) as error:
+            dialogs.show_error(self, "Import failed", f"{path.name} could not be imported: {error}")
+            return
+        if ids:
+            self.session.open(ids[0])
+        self.status.showMessage(f"Imported {len(ids)} conversation(s) from {path.name}", STATUS_MESSAGE_MS)
+
+    # The model
+
+    def load_model(self, model: str) -> None:
+        self._model = model
+        self.settings.remember_model(model)
+        self.context.settings_store.save(self.settings)
+        self._load_id = self.client.load(model, self.settings.engine)
+        self.model_bar.show_loading("Starting", 0.0)
+        self.status.show_model(None, "Loading the model…")
+
+    def _on_load_progressed(self, request_id: int, stage: str, fraction: float) -> None:
+        if request_id == self._load_id:
+            self.model_bar.show_loading(stage, fraction)
+            self.status.show_model(None, f"Loading: {stage}")
+
+    def _on_model_loaded(self, request_id: int, info: ModelInfo) -> None:
+        if request_id == self._load_id:
+            self.model_bar.show_loaded(info)
+            self.status.show_model(info)
+
+    def _on_load_failed(self, request_id: int, reason: str) -> None:
+        if request_id == self._load_id:
+            self.model_bar.show_unloaded()
+            self.status.show_model(None, "No model loaded")
+            dialogs.show_error(self, "The model could not be loaded", reason)
+
+    def _on_load_cancelled(self, request_id: int) -> None:
+        if request_id == self._load_id:
+            self.model_bar.show_unloaded()
+            self.status.show_model(None)
+            self.status.showMessage("Loading cancelled.", STATUS_MESSAGE_MS)
+
+    def _on_model_unloaded(self) -> None:
+        self.model_bar.show_unloaded()
+        self.status.show_model(None)
+
+    # Settings, theme, window state
+
+    def open_settings(self) -> None:
+        dialog = SettingsDialog(self.settings, self)
+        if dialog.exec():
+            dialog.apply_to(self.settings)
+            self.session.default_sampling = self.settings.sampling
+            self.set_theme(self.settings.theme)
+
+    def set_theme(self, theme: str) -> None:
+        self.settings.theme = theme
+        for themed in self.theme_actions.actions():
+            themed.setChecked(themed.text().lower() == theme)
+        apply_theme(QApplication.instance(), theme)
+        self.context.settings_store.save(self.settings)
+
+    def _on_color_scheme_changed(self) -> None:
+        if self.settings.theme == "system":
+            apply_theme(QApplication.instance(), "system")
+
+    def _restore_layout(self) -> None:
+        geometry = QByteArray.fromBase64(self.settings.window_geometry.encode())
+        if geometry.isEmpty() or not self.restoreGeometry(geometry):
+            self.resize(1200, 780)
+        self.restoreState(QByteArray.fromBase64(self.settings.window_state.encode()))
+        self.splitter.restoreState(QByteArray.fromBase64(self.settings.splitter_state.encode()))
+
+    def save_layout(self) -> None:
+        self.settings.window_geometry = bytes(self.saveGeometry().toBase64()).decode()
+        self.settings.window_state = bytes(self.saveState().toBase64()).decode()
+        self.settings.splitter_state = bytes(self.splitter.saveState().toBase64()).decode()
+        self.context.settings_store.save(self.settings)
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.session.stop()
+        self.save_layout()
+        self.client.shut_down()
+        super().closeEvent(event)
+
+
+def _fill(menu: QMenu, *actions: QAction | None) -> None:
+    """Add ``actions`` to ``menu``; None stands for a separator."""
+    for action in actions:
+        if action is None:
+            menu.addSeparator()
+        else:
+            menu.addAction(action)
+
+
+def _file_name(title: str) -> str:
+    """A title made safe as a file name on every platform."""
+    return re.sub(r'[\\/:*?"<>|\s]+', " ", title).strip()[:80] or "conversation"

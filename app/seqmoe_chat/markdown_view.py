@@ -1,0 +1,93 @@
+"""A message body: Markdown through Qt's own reader, code highlighted, as tall as its text.
+
+Each closed code block is followed by a "Copy code" link that copies exactly the code
+of that block.
+"""
+
+from __future__ import annotations
+
+import math
+
+from PySide6.QtCore import QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QPalette, QResizeEvent
+from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser, QWidget
+
+from .code_highlight import highlight_code_blocks
+from .transcripts.fences import code_blocks, split_fences
+
+COPY_CODE_SCHEME = "copy-code"
+
+
+class MarkdownView(QTextBrowser):
+    sig_code_copied = Signal(int)  # index of the code block
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setOpenLinks(False)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setVerticalScrollBarPolicy(self.verticalScrollBarPolicy().ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(self.horizontalScrollBarPolicy().ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.viewport().setAutoFillBackground(False)
+        self.setStyleSheet("QTextBrowser { background: transparent; }")
+        self.document().setDocumentMargin(2)
+        self.anchorClicked.connect(self._on_anchor)
+        self._text = ""
+        self._markdown = True
+
+    @property
+    def source_text(self) -> str:
+        return self._text
+
+    def set_markdown(self, text: str) -> None:
+        self._text, self._markdown = text, True
+        self.document().setMarkdown(_with_copy_links(text))
+        # Light text means a dark theme (the transparent background says nothing).
+        dark = self.palette().color(QPalette.ColorRole.Text).lightness() > 128
+        highlight_code_blocks(self.document(), dark=dark)
+        self._fit_height()
+
+    def set_plain(self, text: str) -> None:
+        self._text, self._markdown = text, False
+        self.setPlainText(text)
+        self._fit_height()
+
+    def copy_code(self, index: int) -> None:
+        QGuiApplication.clipboard().setText(code_blocks(self._text)[index].text)
+        self.sig_code_copied.emit(index)
+
+    def _on_anchor(self, url: QUrl) -> None:
+        if url.scheme() == COPY_CODE_SCHEME:
+            self.copy_code(int(url.path()))
+        elif url.scheme() in ("http", "https", "mailto"):
+            QDesktopServices.openUrl(url)
+
+    def _fit_height(self) -> None:
+        document = self.document()
+        document.setTextWidth(self.viewport().width())
+        margins = self.contentsMargins()
+        height = math.ceil(document.size().height()) + margins.top() + margins.bottom()
+        if height != self.height():
+            self.setFixedHeight(height)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():
+            self._fit_height()
+
+    def changeEvent(self, event) -> None:
+        super().changeEvent(event)
+        if event.type() == event.Type.PaletteChange and self._markdown and self._text:
+            self.set_markdown(self._text)
+
+
+def _with_copy_links(markdown: str) -> str:
+    parts = []
+    index = 0
+    for segment in split_fences(markdown):
+        parts.append(segment.source)
+        if segment.code and segment.closed:
+            separator = "\n" if segment.source.endswith("\n") else "\n\n"
+            parts.append(f"{separator}[Copy code]({COPY_CODE_SCHEME}:{index})\n\n")
+            index += 1
+    return "".join(parts)

@@ -1,0 +1,102 @@
+"""The toolbar's model controls: which model, load, unload, and loading progress with Cancel.
+
+Choosing and downloading models belongs to the model manager; here the choice is the
+bundled demo model, recently used folders, or another folder on disk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
+
+from .worker import ModelInfo
+
+DEMO_LABEL = "SeqMoE demo (bundled)"
+_OTHER = "\0other"
+
+
+class ModelBar(QWidget):
+    sig_load_requested = Signal(str)  # model folder or hub id; empty: the demo model
+    sig_unload_requested = Signal()
+    sig_load_cancel_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.models = QComboBox()
+        self.models.setMinimumContentsLength(22)
+        self.models.setToolTip("The model to chat with")
+        self.models.activated.connect(self._on_activated)
+        self.load_button = QPushButton("Load")
+        self.load_button.clicked.connect(lambda: self.sig_load_requested.emit(self.chosen_model()))
+        self.unload_button = QPushButton("Unload")
+        self.unload_button.setToolTip("Free the memory the model takes")
+        self.unload_button.clicked.connect(self.sig_unload_requested)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 100)
+        self.progress.setFixedWidth(140)
+        self.stage = QLabel()
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setToolTip("Stop loading the model")
+        self.cancel_button.clicked.connect(self.sig_load_cancel_requested)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(4, 0, 4, 0)
+        layout.addWidget(QLabel("Model:"))
+        for widget in (self.models, self.load_button, self.unload_button, self.progress, self.stage, self.cancel_button):
+            layout.addWidget(widget)
+        self._previous_index = 0
+        self.set_models([], "")
+        self.show_unloaded()
+
+    def set_models(self, recent: list[str], current: str) -> None:
+        self.models.clear()
+        self.models.addItem(DEMO_LABEL, "")
+        for model in recent:
+            self.models.addItem(Path(model).name or model, model)
+            self.models.setItemData(self.models.count() - 1, model, Qt.ItemDataRole.ToolTipRole)
+        self.models.addItem("Other folder…", _OTHER)
+        index = self.models.findData(current)
+        if index < 0:
+            self.models.insertItem(1, Path(current).name or current, current)
+            index = 1
+        self.models.setCurrentIndex(index)
+        self._previous_index = index
+
+    def chosen_model(self) -> str:
+        return str(self.models.currentData())
+
+    def show_loading(self, stage: str, fraction: float) -> None:
+        self._set_loading(True)
+        self.progress.setValue(round(fraction * 100))
+        self.stage.setText(stage)
+
+    def show_loaded(self, info: ModelInfo) -> None:
+        self._set_loading(False)
+        self.load_button.setText("Reload")
+        self.unload_button.setEnabled(True)
+        self.models.setToolTip(f"{info.path}\n{info.architecture} on {info.device}")
+
+    def show_unloaded(self) -> None:
+        self._set_loading(False)
+        self.load_button.setText("Load")
+        self.unload_button.setEnabled(False)
+
+    def _set_loading(self, loading: bool) -> None:
+        for widget in (self.progress, self.stage, self.cancel_button):
+            widget.setVisible(loading)
+        self.load_button.setEnabled(not loading)
+        self.unload_button.setEnabled(not loading)
+
+    def _on_activated(self, index: int) -> None:
+        if self.models.itemData(index) != _OTHER:
+            self._previous_index = index
+            return
+        folder = QFileDialog.getExistingDirectory(self, "Choose a model folder (with config.json)")
+        if not folder:
+            self.models.setCurrentIndex(self._previous_index)
+            return
+        self.models.insertItem(1, Path(folder).name, folder)
+        self.models.setCurrentIndex(1)
+        self._previous_index = 1
+        self.sig_load_requested.emit(folder)

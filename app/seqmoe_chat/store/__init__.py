@@ -1,0 +1,21 @@
+"""The chat database: conversations, messages and settings in SQLite. No Qt in here."""
+
+from .conversations import ConversationStore
+from .database import DATABASE_NAME, OpenedDatabase, open_database
+from .records import Conversation, ConversationSummary, Message, SamplingSettings, ThreadEntry
+from .settings import EngineOptions, Settings, SettingsStore
+
+__all__ = [
+    "DATABASE_NAME",
+    "Conversation",
+    "ConversationStore",
+    "ConversationSummary",
+    "EngineOptions",
+    "Message",
+    "OpenedDatabase",
+    "SamplingSettings",
+    "Settings",
+    "SettingsStore",
+    "ThreadEntry",
+    "open_database",
+]

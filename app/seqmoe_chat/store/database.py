@@ -1,0 +1,73 @@
+"""Opening the chat database: WAL mode, migrations, and recovery from a broken file.
+
+A database that cannot be used (corrupt, locked by another program, written by a newer
+app) is renamed, never deleted, and the app starts with a fresh one and tells the user.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from .migrations import migrate
+from .transactions import transaction
+
+DATABASE_NAME = "chats.sqlite3"
+BUSY_TIMEOUT_S = 2.0
+_COMPANIONS = ("", "-wal", "-shm")
+
+
+@dataclass
+class OpenedDatabase:
+    connection: sqlite3.Connection
+    path: Path
+    notice: str | None = None  # for the user, when the old file had to be moved aside
+
+
+def open_database(path: Path) -> OpenedDatabase:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return OpenedDatabase(_connect(path), path)
+    except sqlite3.DatabaseError as error:
+        moved = _move_aside(path)
+        notice = (
+            f"The chat database could not be opened ({error}). It was kept as {moved} "
+            "and SeqMoE Chat started with a new, empty one."
+        )
+        return OpenedDatabase(_connect(path), path, notice)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    # Autocommit: every write outside ``transaction`` is durable at once, which is what
+    # "a streaming reply is saved every second" needs.
+    connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    try:
+        if connection.execute("PRAGMA journal_mode=WAL").fetchone()[0].lower() != "wal":
+            raise sqlite3.DatabaseError("write-ahead logging is unavailable")
+        # NORMAL keeps every commit after an app crash; only a power cut may lose the last ones.
+        connection.execute("PRAGMA synchronous=NORMAL")
+        connection.execute("PRAGMA foreign_keys=ON")
+        check = connection.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            raise sqlite3.DatabaseError(f"integrity check failed: {check}")
+        # Taking the write lock once proves nobody else holds it.
+        with transaction(connection):
+            pass
+        migrate(connection)
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+def _move_aside(path: Path) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}.broken-{stamp}")
+    for suffix in _COMPANIONS:
+        source = Path(f"{path}{suffix}")
+        if source.exists():
+            os.replace(source, Path(f"{target}{suffix}"))
+    return target

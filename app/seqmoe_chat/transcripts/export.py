@@ -1,0 +1,94 @@
+"""Writing transcripts in the four export formats.
+
+Markdown, HTML and plain text show what a reader saw: the visible thread of each
+conversation. JSON keeps everything, earlier versions included, for re-import.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from .html_format import to_html
+from .json_format import to_json
+from .reply_stats import stats_line
+from .transcript import Transcript, local_time, speaker, state_note
+
+FORMAT_NAMES = {"md": "Markdown", "json": "JSON", "html": "HTML", "txt": "Plain text"}
+
+
+def to_markdown(transcripts: list[Transcript]) -> str:
+    return "\n---\n\n".join(_markdown_conversation(t) for t in transcripts)
+
+
+def _markdown_conversation(transcript: Transcript) -> str:
+    conversation = transcript.conversation
+    about = [f"created {local_time(conversation.created_at)}"]
+    if conversation.model_id:
+        about.insert(0, f"model {conversation.model_id}")
+    lines = [f"# {conversation.title}", "", f"*{' · '.join(about)} · exported from SeqMoE Chat*", ""]
+    if conversation.system_prompt:
+        lines += ["**System prompt:**", ""] + [f"> {line}" for line in conversation.system_prompt.splitlines()] + [""]
+    for entry in transcript.thread():
+        message = entry.message
+        lines += [f"### {speaker(message)} · {local_time(message.created_at)}", "", message.content, ""]
+        notes = [note for note in (state_note(message), stats_line(message.stats)) if note]
+        if notes:
+            lines += [f"*{' · '.join(notes)}*", ""]
+    return "\n".join(lines)
+
+
+def to_text(transcripts: list[Transcript]) -> str:
+    return "\n\n".join(_text_conversation(t) for t in transcripts)
+
+
+def _text_conversation(transcript: Transcript) -> str:
+    conversation = transcript.conversation
+    lines = [conversation.title, "=" * len(conversation.title)]
+    if conversation.model_id:
+        lines.append(f"Model: {conversation.model_id}")
+    lines.append(f"Created: {local_time(conversation.created_at)}")
+    if conversation.system_prompt:
+        lines.append(f"System prompt: {conversation.system_prompt}")
+    for entry in transcript.thread():
+        message = entry.message
+        lines += ["", f"[{speaker(message)}, {local_time(message.created_at)}]", message.content]
+        lines += [f"({note})" for note in (state_note(message), stats_line(message.stats)) if note]
+    return "\n".join(lines) + "\n"
+
+
+RENDERERS: dict[str, Callable[[list[Transcript]], str]] = {
+    "md": to_markdown,
+    "json": to_json,
+    "html": to_html,
+    "txt": to_text,
+}
+
+
+def render(transcripts: list[Transcript], fmt: str) -> str:
+    if fmt not in RENDERERS:
+        raise ValueError(f"unknown export format {fmt!r}; choose {', '.join(RENDERERS)}")
+    return RENDERERS[fmt](transcripts)
+
+
+def write_export(path: Path, transcripts: list[Transcript], fmt: str) -> None:
+    """Write atomically: a temporary file beside ``path``, then a rename, so an existing
+    file is never left half-written."""
+    text = render(transcripts, fmt)
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def format_for(path: Path) -> str | None:
+    """The export format a file name asks for, by its extension."""
+    suffix = Path(path).suffix.lower().lstrip(".")
+    return {"markdown": "md", "htm": "html", "text": "txt"}.get(suffix, suffix) if suffix else None

@@ -1,0 +1,53 @@
+"""Fenced code blocks in Markdown text, found the way CommonMark finds them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_OPENING = re.compile(r"^ {0,3}(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*?)[ \t]*$")
+
+
+@dataclass
+class Segment:
+    """A run of prose (``code`` False) or one fenced code block. ``source`` is the
+    original text of the run, fences included; ``text`` is the code itself."""
+
+    source: str
+    text: str
+    code: bool = False
+    language: str = ""
+    closed: bool = True
+
+
+def split_fences(markdown: str) -> list[Segment]:
+    segments: list[Segment] = []
+    prose: list[str] = []
+    lines = markdown.splitlines(keepends=True)
+    index = 0
+    while index < len(lines):
+        opening = _OPENING.match(lines[index].rstrip("\r\n"))
+        if opening is None:
+            prose.append(lines[index])
+            index += 1
+            continue
+        if prose:
+            segments.append(Segment("".join(prose), "".join(prose)))
+            prose = []
+        fence = opening["fence"]
+        closing = re.compile(rf"^ {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
+        end = next((i for i in range(index + 1, len(lines)) if closing.match(lines[i].rstrip("\r\n"))), None)
+        body_end = len(lines) if end is None else end
+        code = "".join(lines[index + 1 : body_end])
+        source = "".join(lines[index : body_end + (0 if end is None else 1)])
+        language = opening["info"].split()[0] if opening["info"].strip() else ""
+        segments.append(Segment(source, code.removesuffix("\n"), True, language, end is not None))
+        index = body_end + 1
+    if prose:
+        segments.append(Segment("".join(prose), "".join(prose)))
+    return segments
+
+
+def code_blocks(markdown: str) -> list[Segment]:
+    """The closed code blocks, in order: what a "copy code" action can offer."""
+    return [segment for segment in split_fences(markdown) if segment.code and segment.closed]

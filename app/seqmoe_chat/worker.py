@@ -1,0 +1,245 @@
+"""The engine worker: the one object that owns the loaded model, on its own thread.
+
+Every request carries an id. Cancelling marks every id up to the given one as
+cancelled; the engine checks that flag after every token, and the loader between its
+stages, so Stop takes effect within one token. The engine is imported on the worker
+thread the first time a model loads, which keeps the window's start instant.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from .store import EngineOptions, SamplingSettings
+from .token_text import TokenText
+
+if TYPE_CHECKING:
+    from seqmoe import Engine
+
+log = logging.getLogger(__name__)
+
+# How often streamed text crosses to the GUI thread; the chat re-renders at most every 50 ms anyway.
+STREAM_INTERVAL_S = 0.03
+
+Progress = Callable[[str, float], None]
+EngineOpener = Callable[[str, EngineOptions, Progress], "Engine"]
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    path: str
+    device: str
+    architecture: str
+    policy: str
+    cache_slots: int
+    total_experts: int
+
+
+@dataclass(frozen=True)
+class ReplyResult:
+    text: str
+    model_id: str
+    stopped: bool
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class LoadCancelled(Exception):
+    """Raised from the loader's progress callback to abandon a load."""
+
+
+def open_engine(model: str, options: EngineOptions, on_progress: Progress) -> Engine:
+    """Load ``model`` (empty: the bundled demo model) and build its expert cache."""
+    from seqmoe import Engine, load_model
+    from seqmoe.resources import demo_model_dir
+
+    loaded = load_model(model or str(demo_model_dir()), device=options.device, on_progress=on_progress)
+    engine = Engine(loaded)
+    try:
+        engine.configure(options.policy, cache_ratio=options.cache_ratio)
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
+def model_info(engine: Engine) -> ModelInfo:
+    return ModelInfo(
+        name=engine.loaded.path.name,
+        path=str(engine.loaded.path),
+        device=str(engine.device),
+        architecture=engine.loaded.architecture,
+        policy=engine.policy_name,
+        cache_slots=engine.cache_slots,
+        total_experts=engine.geometry.total_experts,
+    )
+
+
+def describe_error(error: BaseException) -> str:
+    """One line for people. Engine errors already are; anything else is a bug worth its type."""
+    from seqmoe import SeqMoEError
+
+    if isinstance(error, SeqMoEError):
+        return str(error)
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if isinstance(error, MemoryError) or "out of memory" in text.lower():
+        return "The computer ran out of memory; choose a smaller VRAM budget or a smaller model."
+    return f"The engine failed unexpectedly ({type(error).__name__}: {text})."
+
+
+class EngineWorker(QObject):
+    sig_load_progressed = Signal(int, str, float)  # request id, stage, fraction
+    sig_model_loaded = Signal(int, object)  # request id, ModelInfo
+    sig_load_failed = Signal(int, str)  # request id, reason
+    sig_load_cancelled = Signal(int)
+    sig_model_unloaded = Signal()
+    sig_reply_streamed = Signal(int, str, int)  # request id, text so far, tokens so far
+    sig_reply_finished = Signal(int, object)  # request id, ReplyResult
+    sig_reply_failed = Signal(int, str, str)  # request id, reason, text so far
+
+    def __init__(self, opener: EngineOpener = open_engine) -> None:
+        super().__init__()
+        self._open = opener
+        self._engine: Engine | None = None
+        self._info: ModelInfo | None = None
+        # Written by the GUI thread, read here; an int assignment is atomic.
+        self._cancelled_through = 0
+
+    def cancel(self, request_id: int) -> None:
+        """Cancel ``request_id`` and every earlier request. Safe to call from any thread."""
+        self._cancelled_through = max(self._cancelled_through, request_id)
+
+    def _cancelled(self, request_id: int) -> bool:
+        return request_id <= self._cancelled_through
+
+    @Slot(int, str, object)
+    def load(self, request_id: int, model: str, options: EngineOptions) -> None:
+        if self._cancelled(request_id):
+            self.sig_load_cancelled.emit(request_id)
+            return
+        self._close()
+
+        def progress(stage: str, fraction: float) -> None:
+            if self._cancelled(request_id):
+                raise LoadCancelled
+            self.sig_load_progressed.emit(request_id, stage, fraction)
+
+        try:
+            engine = self._open(model, options, progress)
+        except LoadCancelled:
+            self.sig_load_cancelled.emit(request_id)
+            return
+        except Exception as error:  # the app must survive any failure to load
+            if not _is_engine_error(error):
+                log.exception("loading %s failed", model or "the demo model")
+            self.sig_load_failed.emit(request_id, describe_error(error))
+            return
+        if self._cancelled(request_id):
+            engine.close()
+            self.sig_load_cancelled.emit(request_id)
+            return
+        self._engine, self._info = engine, model_info(engine)
+        self.sig_model_loaded.emit(request_id, self._info)
+
+    @Slot(int, object, object)
+    def generate(self, request_id: int, messages: Messages, sampling: SamplingSettings) -> None:
+        if self._cancelled(request_id):
+            return
+        if self._engine is None or self._info is None:
+            self.sig_reply_failed.emit(request_id, "No model is loaded; load one from the toolbar.", "")
+            return
+        engine = self._engine
+        stream = TokenText(engine.loaded.tokenizer)
+        last_emit = 0.0
+
+        def on_token(token_id: int) -> None:
+            nonlocal last_emit
+            stream.add(token_id)
+            now = time.monotonic()
+            if now - last_emit >= STREAM_INTERVAL_S:
+                last_emit = now
+                self.sig_reply_streamed.emit(request_id, stream.text(), stream.count)
+
+        try:
+            prompt, max_new_tokens = _fit_context(engine, messages, sampling.max_new_tokens)
+            result = engine.generate(
+                prompt, _engine_sampling(sampling, max_new_tokens), on_token=on_token,
+                should_stop=lambda: self._cancelled(request_id),
+            )
+        except Exception as error:  # a failed reply must leave the worker ready for the next
+            if not _is_engine_error(error):
+                log.exception("generation failed")
+            self.sig_reply_failed.emit(request_id, describe_error(error), stream.text())
+            return
+        self.sig_reply_finished.emit(
+            request_id,
+            ReplyResult(result.text, self._info.name, self._cancelled(request_id), result.stats.as_dict()),
+        )
+
+    @Slot()
+    def unload(self) -> None:
+        self._close()
+        self.sig_model_unloaded.emit()
+
+    @Slot()
+    def shut_down(self) -> None:
+        """Release the model and end the thread's event loop (queued after any running request)."""
+        self._close()
+        QThread.currentThread().quit()
+
+    def _close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = self._info = None
+            # The model holds large tensors in reference cycles (modules and hooks).
+            gc.collect()
+
+
+def _is_engine_error(error: BaseException) -> bool:
+    from seqmoe import SeqMoEError
+
+    return isinstance(error, SeqMoEError)
+
+
+def _engine_sampling(settings: SamplingSettings, max_new_tokens: int):
+    from seqmoe import Sampling
+
+    greedy = settings.temperature <= 0
+    return Sampling(
+        max_new_tokens=max_new_tokens,
+        greedy=greedy,
+        temperature=1.0 if greedy else settings.temperature,
+        top_p=settings.top_p,
+        seed=settings.seed,
+    )
+
+
+def _fit_context(engine: Engine, messages: Messages, max_new_tokens: int) -> tuple[list[int], int]:
+    """The prompt ids and the reply length that fit the model's context: the oldest turns
+    after the system prompt are left out until the prompt and some reply fit."""
+    limit = getattr(engine.loaded.config, "max_position_embeddings", None)
+    ids = engine.encode_messages(messages)
+    if not limit:
+        return ids, max_new_tokens
+    reply_room = min(max_new_tokens, limit // 4)
+    kept = list(messages)
+    first = 1 if kept and kept[0]["role"] == "system" else 0
+    while len(ids) + reply_room > limit and len(kept) - first > 1:
+        del kept[first]
+        while len(kept) - first > 1 and kept[first]["role"] != "user":
+            del kept[first]
+        ids = engine.encode_messages(kept)
+    room = limit - len(ids)
+    if room <= 0:
+        from seqmoe import SeqMoEError
+
+        raise SeqMoEError(f"the message is too long for this model's context of {limit} tokens")
+    return ids, min(max_new_tokens, room)

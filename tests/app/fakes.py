@@ -1,0 +1,134 @@
+"""A fake engine for widget tests: the engine's public surface, word-sized tokens, and
+knobs for speed, failures and slow loading. Replies are predictable: they echo the last
+user message and contain a code block."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from seqmoe import ModelRefused, SeqMoEError
+
+from seqmoe_chat.store import EngineOptions
+
+
+def reply_for(messages: list[dict[str, str]]) -> str:
+    last = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+    return f"You said: {last}\n\n```python\nprint('hello')\n```\n\nThat is all."
+
+
+class FakeTokenizer:
+    """Each word with the white space after it is one token."""
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        for piece in re.findall(r"\S+\s*|\s+", text):
+            self.pieces.append(piece)
+            ids.append(len(self.pieces) - 1)
+        return ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(self.pieces[i] for i in token_ids)
+
+
+@dataclass
+class FakeStats:
+    tokens: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+            "tokens_per_s": self.tokens / self.seconds if self.seconds else 0.0,
+            "time_to_first_token": 0.01,
+            "hits": 90,
+            "misses": 10,
+            "hit_rate": 0.9,
+            "stall_seconds": 0.002,
+            "device": "cpu",
+            "policy": "lru",
+        }
+
+
+@dataclass
+class FakeBackend:
+    """What a test controls: how fast tokens come, when generation fails, how loading goes."""
+
+    token_delay_s: float = 0.0
+    repeat: int = 1  # the reply text is repeated this many times (for long replies)
+    fail_after: int | None = None  # tokens before generation raises
+    failure: BaseException = field(default_factory=lambda: RuntimeError("the fake engine broke"))
+    load_delay_s: float = 0.0  # per loading stage
+    refuse: set[str] = field(default_factory=lambda: {"broken"})
+    prompts: list[list[dict[str, str]]] = field(default_factory=list)
+    samplings: list[Any] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # perf_counter() of every token produced
+    engines: list[FakeEngine] = field(default_factory=list)
+
+    def open(self, model: str, options: EngineOptions, on_progress) -> FakeEngine:
+        for fraction, stage in ((0.0, "Finding the model"), (0.5, "Loading the weights"), (1.0, "Ready")):
+            time.sleep(self.load_delay_s)
+            on_progress(stage, fraction)
+        if model in self.refuse:
+            raise ModelRefused(f"{model} is not a Mixture-of-Experts model")
+        engine = FakeEngine(self, model or "seqmoe-demo")
+        self.engines.append(engine)
+        return engine
+
+
+class FakeEngine:
+    def __init__(self, backend: FakeBackend, name: str) -> None:
+        self.backend = backend
+        self.loaded = SimpleNamespace(
+            tokenizer=FakeTokenizer(),
+            path=Path("/models") / name,
+            architecture="FakeMoeForCausalLM",
+            config=SimpleNamespace(max_position_embeddings=4096),
+        )
+        self.device = "cpu"
+        self.policy_name = "lru"
+        self.cache_slots = 11
+        self.geometry = SimpleNamespace(total_experts=24)
+        self.closed = False
+
+    def encode_messages(self, messages: list[dict[str, str]]) -> list[int]:
+        if not messages or messages[-1]["role"] != "user":
+            raise SeqMoEError("the conversation must end with a user message")
+        self.backend.prompts.append(messages)
+        return list(range(sum(len(m["content"]) for m in messages)))
+
+    def generate(self, prompt_ids, sampling, on_token=None, should_stop=None) -> SimpleNamespace:
+        backend = self.backend
+        backend.samplings.append(sampling)
+        text = "\n\n".join([reply_for(backend.prompts[-1])] * backend.repeat)
+        ids = self.loaded.tokenizer.encode(text)
+        start = time.perf_counter()
+        produced: list[int] = []
+        for token_id in ids:
+            if backend.fail_after is not None and len(produced) >= backend.fail_after:
+                raise backend.failure
+            time.sleep(backend.token_delay_s)
+            produced.append(token_id)
+            backend.token_times.append(time.perf_counter())
+            if on_token is not None:
+                on_token(token_id)
+            if should_stop is not None and should_stop():
+                break
+        seconds = time.perf_counter() - start
+        return SimpleNamespace(
+            token_ids=produced,
+            text=self.loaded.tokenizer.decode(produced),
+            prompt_tokens=len(prompt_ids),
+            stats=FakeStats(len(produced), max(seconds, 1e-6)),
+        )
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,227 @@
+"""The chat as a user sees it, with the fake engine: send, stream, stop, regenerate,
+edit and resend, copy, system prompt and sampling, failures."""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QApplication, QDialog, QMessageBox
+
+from seqmoe_chat.conversation_dialog import ConversationDialog
+from seqmoe_chat.markdown_view import MarkdownView
+from seqmoe_chat.store import SamplingSettings
+from seqmoe_chat.store.records import ASSISTANT, DONE, FAILED, STOPPED, USER
+
+from .fakes import reply_for
+
+
+def send(qtbot, window, text: str) -> None:
+    window.composer.set_text(text)
+    qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
+
+
+def press(qtbot, key: Qt.Key, modifier: Qt.KeyboardModifier = Qt.KeyboardModifier.NoModifier) -> None:
+    """A key press where the keyboard goes: to the widget with the focus."""
+    qtbot.keyClick(QApplication.focusWidget(), key, modifier)
+
+
+def wait_idle(qtbot, window) -> None:
+    qtbot.waitUntil(lambda: not window.session.busy, timeout=10_000)
+
+
+def shown(window) -> list[tuple[str, str]]:
+    return [(w.message.role, w.body.source_text) for w in window.chat.widgets.values()]
+
+
+def stored(window) -> list[tuple[str, str, str]]:
+    thread = window.store.thread(window.session.conversation_id)
+    return [(e.message.role, e.message.content, e.message.state) for e in thread]
+
+
+def test_enter_sends_and_the_reply_streams_into_the_chat(qtbot, window, backend) -> None:
+    backend.token_delay_s, backend.repeat = 0.01, 8
+    send(qtbot, window, "Hello there")
+    assert window.composer.text() == ""
+    assert shown(window)[0] == (USER, "Hello there")
+    assert window.store.thread(window.session.conversation_id)[0].message.content == "Hello there"
+    assert not window.composer.send_button.isEnabled() and window.composer.stop_button.isEnabled()
+    reply = list(window.chat.widgets.values())[1]
+    qtbot.waitUntil(lambda: "You said" in reply.body.toPlainText(), timeout=5000)
+    assert window.session.busy  # text appears before the reply ends
+    wait_idle(qtbot, window)
+    expected = "\n\n".join([reply_for([{"role": "user", "content": "Hello there"}])] * 8)
+    assert shown(window)[1] == (ASSISTANT, expected)
+    assert stored(window) == [(USER, "Hello there", DONE), (ASSISTANT, expected, DONE)]
+    assert "tok/s" in reply.note.text() and "hit rate 90.0%" in reply.note.text()
+    assert "tok/s" in window.status.speed.text() and "90.0%" in window.status.hit_rate.text()
+    assert [s.title for s in window.store.summaries()] == ["Hello there"]
+    assert window.composer.send_button.isEnabled()
+
+
+def test_shift_enter_starts_a_new_line_instead_of_sending(qtbot, window) -> None:
+    window.composer.set_text("first line")
+    window.composer.input.moveCursor(window.composer.input.textCursor().MoveOperation.End)
+    qtbot.keyClick(window.composer.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.keyClicks(window.composer.input, "second line")
+    assert window.composer.text() == "first line\nsecond line"
+    assert window.session.conversation_id is None or not window.store.thread(window.session.conversation_id)
+
+
+def test_escape_stops_within_a_token_and_keeps_the_partial_reply(qtbot, window, backend) -> None:
+    backend.token_delay_s, backend.repeat = 0.02, 20
+    send(qtbot, window, "Tell me everything")
+    reply = list(window.chat.widgets.values())[1]
+    qtbot.waitUntil(lambda: len(reply.body.source_text) > 20, timeout=5000)
+    stopped_at = time.perf_counter()
+    press(qtbot, Qt.Key.Key_Escape)
+    assert not window.session.busy and window.composer.send_button.isEnabled()
+    role, content, state = stored(window)[1]
+    assert state == STOPPED and content and content == reply.body.source_text
+    assert "stopped" in reply.note.text()
+    # The engine's statistics of the stopped reply arrive within a token; its stream does not.
+    qtbot.waitUntil(lambda: window.store.message(reply.message.id).stats.get("tokens"), timeout=5000)
+    assert sum(t > stopped_at for t in backend.token_times) <= 1
+    assert window.store.message(reply.message.id).content == content
+
+
+def test_regenerate_writes_a_new_reply_and_keeps_the_old_one_as_a_version(qtbot, window, backend) -> None:
+    send(qtbot, window, "Pick a number")
+    wait_idle(qtbot, window)
+    first_reply = list(window.chat.widgets.values())[1]
+    assert first_reply.regenerate_button.isVisible()
+    qtbot.mouseClick(first_reply.regenerate_button, Qt.MouseButton.LeftButton)
+    wait_idle(qtbot, window)
+    new_reply = list(window.chat.widgets.values())[1]
+    assert new_reply.message.id != first_reply.message.id
+    assert new_reply.version_label.text() == "2/2" and new_reply.version_label.isVisible()
+    assert len(backend.prompts) == 2 and backend.prompts[1] == backend.prompts[0]
+    qtbot.mouseClick(new_reply.previous_button, Qt.MouseButton.LeftButton)
+    shown_reply = list(window.chat.widgets.values())[1]
+    assert shown_reply.message.id == first_reply.message.id and shown_reply.version_label.text() == "1/2"
+
+
+def test_editing_a_message_resends_it_and_keeps_the_earlier_version(qtbot, window, backend) -> None:
+    send(qtbot, window, "What is 2+2?")
+    wait_idle(qtbot, window)
+    send(qtbot, window, "And 3+3?")
+    wait_idle(qtbot, window)
+    first = list(window.chat.widgets.values())[0]
+    qtbot.mouseClick(first.edit_button, Qt.MouseButton.LeftButton)
+    assert first.editor.isVisible() and first.editor.toPlainText() == "What is 2+2?"
+    first.editor.setPlainText("What is 5+5?")
+    qtbot.mouseClick(first.save_edit_button, Qt.MouseButton.LeftButton)
+    wait_idle(qtbot, window)
+    assert [content for _, content, _ in stored(window)] == [
+        "What is 5+5?",
+        reply_for([{"role": "user", "content": "What is 5+5?"}]),
+    ]
+    assert backend.prompts[-1] == [{"role": "user", "content": "What is 5+5?"}]
+    edited = list(window.chat.widgets.values())[0]
+    assert edited.version_label.text() == "2/2"
+    qtbot.mouseClick(edited.previous_button, Qt.MouseButton.LeftButton)
+    assert [role for role, _ in shown(window)] == [USER, ASSISTANT, USER, ASSISTANT]
+    assert shown(window)[2] == (USER, "And 3+3?")
+
+
+def test_the_system_prompt_and_sampling_of_a_conversation_reach_the_engine(qtbot, window, backend, monkeypatch) -> None:
+    def accept(dialog: ConversationDialog) -> int:
+        dialog.system_prompt.setPlainText("Answer like a pirate.")
+        dialog.sampling.set_value(SamplingSettings(temperature=0.0, top_p=0.5, max_new_tokens=77, seed=42))
+        return QDialog.DialogCode.Accepted
+
+    monkeypatch.setattr(ConversationDialog, "exec", accept)
+    qtbot.mouseClick(window.header.settings_button, Qt.MouseButton.LeftButton)
+    assert "Answer like a pirate." in window.header.system_prompt.text()
+    send(qtbot, window, "Ahoy")
+    wait_idle(qtbot, window)
+    assert backend.prompts[-1][0] == {"role": "system", "content": "Answer like a pirate."}
+    sampling = backend.samplings[-1]
+    assert sampling.greedy and sampling.top_p == 0.5 and sampling.max_new_tokens == 77 and sampling.seed == 42
+
+
+def test_streaming_is_rendered_in_batches_not_per_token(qtbot, window, backend, monkeypatch) -> None:
+    renders = []
+    original = MarkdownView.set_markdown
+    monkeypatch.setattr(MarkdownView, "set_markdown", lambda view, text: (renders.append(text), original(view, text)))
+    backend.token_delay_s, backend.repeat = 0.002, 25
+    send(qtbot, window, "Talk a lot")
+    wait_idle(qtbot, window)
+    tokens = window.store.thread(window.session.conversation_id)[1].message.stats["tokens"]
+    assert tokens > 200
+    assert len(renders) < tokens / 5
+
+
+def test_copying_a_message_and_a_code_block(qtbot, window) -> None:
+    send(qtbot, window, "Show code")
+    wait_idle(qtbot, window)
+    reply = list(window.chat.widgets.values())[1]
+    qtbot.mouseClick(reply.copy_button, Qt.MouseButton.LeftButton)
+    assert QGuiApplication.clipboard().text() == reply.message.content
+    assert "Copy code" in reply.body.toPlainText()
+    with qtbot.waitSignal(reply.body.sig_code_copied):
+        reply.body.anchorClicked.emit(reply.body.document().find("Copy code").charFormat().anchorHref())
+    assert QGuiApplication.clipboard().text() == "print('hello')"
+
+
+def test_an_engine_failure_mid_reply_is_shown_and_the_worker_stays_ready(qtbot, window, backend) -> None:
+    backend.fail_after = 3
+    send(qtbot, window, "Break please")
+    wait_idle(qtbot, window)
+    reply = list(window.chat.widgets.values())[1]
+    role, content, state = stored(window)[1]
+    assert state == FAILED and content == "You said: Break "
+    assert "failed" in reply.note.text() and "RuntimeError: the fake engine broke" in reply.note.text()
+    backend.fail_after = None
+    send(qtbot, window, "Try again")
+    wait_idle(qtbot, window)
+    assert stored(window)[-1][2] == DONE and len(stored(window)) == 4
+    # The failed reply's text was part of what the model saw next.
+    assert {"role": "assistant", "content": "You said: Break "} in backend.prompts[-1]
+
+
+def test_running_out_of_memory_suggests_a_smaller_vram_budget(qtbot, window, backend) -> None:
+    backend.fail_after, backend.failure = 1, MemoryError()
+    send(qtbot, window, "Big reply")
+    wait_idle(qtbot, window)
+    assert "smaller VRAM budget" in list(window.chat.widgets.values())[1].note.text()
+
+
+def test_a_model_that_fails_to_load_gets_a_dialog_and_the_app_stays_usable(qtbot, make_window, backend) -> None:
+    window = make_window(wait_for_model=False, model="broken")
+    qtbot.waitUntil(lambda: window.findChild(QMessageBox, "errorMessage") is not None, timeout=5000)
+    box = window.findChild(QMessageBox, "errorMessage")
+    assert "broken is not a Mixture-of-Experts model" in box.text()
+    box.accept()
+    assert window.status.model.text() == "No model loaded"
+    send(qtbot, window, "Anyone there?")
+    wait_idle(qtbot, window)
+    assert stored(window)[1][2] == FAILED and "No model is loaded" in stored(window)[1][1] + window.store.thread(
+        window.session.conversation_id)[1].message.error
+    window.load_model("")
+    qtbot.waitUntil(lambda: window.client.model is not None, timeout=5000)
+    send(qtbot, window, "Now?")
+    wait_idle(qtbot, window)
+    assert stored(window)[-1][2] == DONE
+    assert window.status.model.text() == "seqmoe-demo"
+
+
+def test_loading_shows_progress_and_can_be_cancelled(qtbot, make_window, backend) -> None:
+    backend.load_delay_s = 0.3
+    window = make_window(wait_for_model=False)
+    bar = window.model_bar
+    qtbot.waitUntil(lambda: bar.progress.isVisible() and bar.stage.text() == "Finding the model", timeout=5000)
+    qtbot.mouseClick(bar.cancel_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not bar.progress.isVisible(), timeout=5000)
+    assert window.client.model is None and "cancelled" in window.status.currentMessage()
+    assert backend.engines == []
+
+
+def test_sending_after_unloading_loads_the_model_again(qtbot, window, backend) -> None:
+    qtbot.mouseClick(window.model_bar.unload_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: window.client.model is None and backend.engines[0].closed, timeout=5000)
+    assert window.status.model.text() == "No model loaded"
+    send(qtbot, window, "Wake up")
+    wait_idle(qtbot, window)
+    assert stored(window)[-1][2] == DONE and len(backend.engines) == 2

@@ -1,0 +1,56 @@
+"""The headless commands: list, export (one or all, every format) and import."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from seqmoe_chat.main import main
+from seqmoe_chat.store import ConversationStore, open_database
+from seqmoe_chat.store.records import ASSISTANT, DONE, USER
+
+
+@pytest.fixture
+def store(data_dir: Path) -> ConversationStore:
+    """The database the commands find through $SEQMOE_CHAT_DATA_DIR (set for every test)."""
+    store = ConversationStore(open_database(data_dir / "chats.sqlite3").connection)
+    for title in ("Birds", "Trees"):
+        conversation = store.create(title=title, system_prompt=f"Talk about {title.lower()}.")
+        question = store.add_message(conversation.id, None, USER, f"Tell me about {title.lower()}", DONE)
+        store.add_message(conversation.id, question.id, ASSISTANT, f"{title} are lovely.", DONE)
+    return store
+
+
+def test_list_prints_ids_and_titles(store: ConversationStore, capsys) -> None:
+    assert main(["list"]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"{s.id}\t{s.title}" for s in store.summaries()]
+
+
+@pytest.mark.parametrize("fmt", ["md", "json", "html", "txt"])
+def test_export_one_conversation_in_every_format(store: ConversationStore, tmp_path: Path, fmt: str) -> None:
+    birds = next(s.id for s in store.summaries() if s.title == "Birds")
+    out = tmp_path / f"birds.{fmt}"
+    assert main(["export", "--conversation", str(birds), "--format", fmt, "--out", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert "Birds are lovely." in text and "Trees" not in text
+
+
+def test_export_all_then_import_recreates_everything(store: ConversationStore, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "all.json"
+    assert main(["export", "--all", "--format", "json", "--out", str(out)]) == 0
+    assert [c["title"] for c in json.loads(out.read_text())["conversations"]] == [s.title for s in store.summaries()]
+    assert main(["import", str(out)]) == 0
+    assert "imported 2 conversation(s)" in capsys.readouterr().err
+    assert sorted(s.title for s in store.summaries()) == ["Birds", "Birds", "Trees", "Trees"]
+
+
+def test_commands_fail_clearly(store: ConversationStore, tmp_path: Path, capsys) -> None:
+    assert main(["export", "--conversation", "999", "--format", "md", "--out", str(tmp_path / "x.md")]) == 2
+    assert "there is no conversation 999" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("[]", encoding="utf-8")
+    assert main(["import", str(tmp_path / "bad.json")]) == 2
+    assert "cannot be imported" in capsys.readouterr().err
+    assert main(["import", str(tmp_path / "missing.json")]) == 1
+    assert main(["export", "--all", "--format", "md", "--out", str(tmp_path / "no-folder" / "x.md")]) == 1

@@ -1,0 +1,179 @@
+"""The window around the chat, with the fake engine: conversations, search, shortcuts,
+export and import, themes, restoring the layout, and starting again on the same data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QPalette
+from PySide6.QtWidgets import QApplication, QDialog, QMessageBox
+
+from seqmoe_chat import dialogs
+from seqmoe_chat.settings_dialog import SettingsDialog
+from seqmoe_chat.store import SamplingSettings
+from seqmoe_chat.store.records import ASSISTANT, DONE, USER
+
+from .test_chat import press, send, stored, wait_idle
+
+
+def chat(qtbot, window, *texts: str) -> int:
+    for text in texts:
+        send(qtbot, window, text)
+        wait_idle(qtbot, window)
+    return window.session.conversation_id
+
+
+def titles(window) -> list[str]:
+    return [window.sidebar.list.item(row).text() for row in range(window.sidebar.list.count())]
+
+
+def test_ctrl_n_starts_a_new_chat_and_the_list_switches_between_chats(qtbot, window) -> None:
+    first = chat(qtbot, window, "About cats")
+    press(qtbot, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    assert window.session.conversation_id != first and window.chat.widgets == {}
+    assert window.chat.empty_hint.isVisible() and QApplication.focusWidget() is window.composer.input
+    press(qtbot, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)  # an empty chat is reused
+    chat(qtbot, window, "About dogs")
+    assert titles(window) == ["About dogs", "About cats"]
+    window.sidebar.list.setCurrentRow(1)
+    assert window.session.conversation_id == first
+    assert [text for _, text in [(w.message.role, w.body.source_text) for w in window.chat.widgets.values()]][0] == "About cats"
+    assert window.header.title.text() == "About cats"
+
+
+def test_ctrl_f_searches_titles_and_message_text(qtbot, window) -> None:
+    chat(qtbot, window, "Cooking pasta", "How much salt?")
+    window.session.new_conversation()
+    chat(qtbot, window, "Planning a trip")
+    press(qtbot, Qt.Key.Key_F, Qt.KeyboardModifier.ControlModifier)
+    assert QApplication.focusWidget() is window.sidebar.search
+    qtbot.keyClicks(window.sidebar.search, "salt")
+    assert titles(window) == ["Cooking pasta"]
+    assert "salt" in window.sidebar.list.item(0).data(Qt.ItemDataRole.UserRole + 1)
+    window.sidebar.search.setText("TRIP")
+    assert titles(window) == ["Planning a trip"]
+    window.sidebar.search.clear()
+    assert len(titles(window)) == 2
+
+
+def test_renaming_in_the_list_renames_the_conversation(qtbot, window) -> None:
+    conversation_id = chat(qtbot, window, "Untitled thoughts")
+    window.sidebar.list.item(0).setText("My notes")
+    assert window.store.get(conversation_id).title == "My notes"
+    assert window.header.title.text() == "My notes"
+
+
+def test_deleting_a_conversation_can_be_undone(qtbot, window) -> None:
+    kept = chat(qtbot, window, "Keep this one")
+    window.session.new_conversation()
+    doomed = chat(qtbot, window, "Delete this one")
+    window.sidebar.context_menu(doomed).actions()[-1].trigger()
+    assert titles(window) == ["Keep this one"] and window.session.conversation_id == kept
+    assert window.sidebar.undo_bar.isVisible() and "Delete this one" in window.sidebar.undo_label.text()
+    qtbot.mouseClick(window.sidebar.undo_button, Qt.MouseButton.LeftButton)
+    assert sorted(titles(window)) == ["Delete this one", "Keep this one"]
+    assert window.session.conversation_id == doomed and len(stored(window)) == 2
+
+
+def test_ctrl_e_exports_the_conversation_in_the_chosen_format(qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    chat(qtbot, window, "Export me")
+    target = tmp_path / "chat.html"
+    monkeypatch.setattr(dialogs, "ask_export_path", lambda parent, name, fmt: (target, "html"))
+    press(qtbot, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
+    html = target.read_text(encoding="utf-8")
+    assert html.startswith("<!DOCTYPE html>") and "Export me" in html and "print(&#x27;hello&#x27;)" not in html
+    assert "Exported 1 conversation" in window.status.currentMessage()
+
+
+def test_every_export_format_from_the_context_menu_and_json_import(qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    conversation_id = chat(qtbot, window, "Round trip", "Second question")
+    for fmt in ("md", "json", "html", "txt"):
+        monkeypatch.setattr(dialogs, "ask_export_path", lambda parent, name, chosen: (tmp_path / f"out.{chosen}", chosen))
+        export_menu = window.sidebar.context_menu(conversation_id).actions()[1].menu()
+        next(a for a in export_menu.actions() if a.text().startswith({"md": "Markdown", "json": "JSON", "html": "HTML",
+                                                                     "txt": "Plain"}[fmt])).trigger()
+        assert "Second question" in (tmp_path / f"out.{fmt}").read_text(encoding="utf-8")
+    assert (tmp_path / "out.md").read_text(encoding="utf-8").startswith("# Round trip")
+    monkeypatch.setattr(dialogs, "ask_import_path", lambda parent: tmp_path / "out.json")
+    window.action_import.trigger()
+    imported = window.session.conversation_id
+    assert imported != conversation_id and titles(window).count("Round trip") == 2
+    assert [(r, c) for r, c, _ in stored(window)] == [
+        (r, c) for r, c, _ in [(e.message.role, e.message.content, 0) for e in window.store.thread(conversation_id)]
+    ]
+    exported = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+    assert exported["conversations"][0]["messages"][1]["stats"]["hit_rate"] == 0.9
+
+
+def test_a_broken_import_file_is_reported(qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "bad.json").write_text('{"format": "something else"}', encoding="utf-8")
+    monkeypatch.setattr(dialogs, "ask_import_path", lambda parent: tmp_path / "bad.json")
+    window.action_import.trigger()
+    box = window.findChild(QMessageBox, "errorMessage")
+    assert box is not None and "not a SeqMoE Chat transcript" in box.text()
+
+
+def test_themes_switch_the_palette_and_are_remembered(qtbot, make_window) -> None:
+    window = make_window()
+    dark = next(a for a in window.theme_actions.actions() if a.text() == "Dark")
+    dark.trigger()
+    assert QApplication.palette().color(QPalette.ColorRole.Window).lightness() < 80
+    window.close()
+    again = make_window()
+    assert again.settings.theme == "dark" and next(a for a in again.theme_actions.actions() if a.isChecked()).text() == "Dark"
+    next(a for a in again.theme_actions.actions() if a.text() == "Light").trigger()
+    assert QApplication.palette().color(QPalette.ColorRole.Window).lightness() > 180
+
+
+def test_window_geometry_and_splitter_are_restored(qtbot, make_window) -> None:
+    window = make_window()
+    window.resize(760, 540)  # inside the offscreen screen (800x600)
+    window.splitter.setSizes([300, 460])
+    # The platform confirms a window's new geometry through the event loop.
+    qtbot.waitUntil(lambda: (window.width(), window.height()) == (760, 540), timeout=2000)
+    sizes = window.splitter.sizes()
+    window.close()
+    again = make_window()
+    qtbot.waitUntil(lambda: (again.width(), again.height()) == (760, 540), timeout=2000)
+    assert again.splitter.sizes() == sizes
+
+
+def test_conversations_survive_a_restart(qtbot, make_window) -> None:
+    window = make_window()
+    conversation_id = chat(qtbot, window, "Remember me")
+    before = stored(window)
+    window.close()
+    again = make_window()
+    assert again.session.conversation_id == conversation_id
+    assert stored(again) == before and [role for role, _, _ in before] == [USER, ASSISTANT]
+    assert [w.body.source_text for w in again.chat.widgets.values()] == [content for _, content, _ in before]
+    assert before[1][2] == DONE
+
+
+def test_a_corrupt_database_is_set_aside_with_a_message(qtbot, make_window, data_dir: Path) -> None:
+    data_dir.mkdir(parents=True)
+    (data_dir / "chats.sqlite3").write_bytes(b"garbage " * 1000)
+    window = make_window()
+    box = window.findChild(QMessageBox, "errorMessage")
+    assert box is not None and "could not be opened" in box.text()
+    assert list(data_dir.glob("chats.sqlite3.broken-*"))
+    chat(qtbot, window, "Fresh start works")
+    assert stored(window)[1][2] == DONE
+
+
+def test_settings_set_the_defaults_of_new_chats_and_the_theme(qtbot, window, backend, monkeypatch) -> None:
+    def accept(dialog: SettingsDialog) -> int:
+        dialog.sampling.set_value(SamplingSettings(temperature=1.3, top_p=0.7, max_new_tokens=64, seed=5))
+        dialog.theme.setCurrentIndex(dialog.theme.findData("dark"))
+        return QDialog.DialogCode.Accepted
+
+    monkeypatch.setattr(SettingsDialog, "exec", accept)
+    window.action_settings.trigger()
+    assert QApplication.palette().color(QPalette.ColorRole.Window).lightness() < 80
+    chat(qtbot, window, "Use the new defaults")
+    sampling = backend.samplings[-1]
+    assert (sampling.greedy, sampling.temperature, sampling.top_p, sampling.max_new_tokens, sampling.seed) == (
+        False, 1.3, 0.7, 64, 5)
+    assert window.store.get(window.session.conversation_id).sampling.max_new_tokens == 64

@@ -1,0 +1,152 @@
+"""The chat database, without Qt: schema, recovery, conversations, versions, search, settings."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from seqmoe_chat.store import ConversationStore, SamplingSettings, Settings, SettingsStore, open_database
+from seqmoe_chat.store.migrations import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
+from seqmoe_chat.store.records import ASSISTANT, DONE, INTERRUPTED, STREAMING, USER
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ConversationStore:
+    return ConversationStore(open_database(tmp_path / "chats.sqlite3").connection)
+
+
+def test_a_new_database_uses_wal_and_has_the_current_schema(tmp_path: Path) -> None:
+    opened = open_database(tmp_path / "chats.sqlite3")
+    assert opened.notice is None
+    assert opened.connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert schema_version(opened.connection) == SCHEMA_VERSION == len(MIGRATIONS)
+    opened.connection.close()
+    reopened = open_database(tmp_path / "chats.sqlite3")
+    assert reopened.notice is None and schema_version(reopened.connection) == SCHEMA_VERSION
+
+
+def test_migrations_apply_only_the_missing_steps(tmp_path: Path) -> None:
+    connection = sqlite3.connect(tmp_path / "m.sqlite3", isolation_level=None)
+    steps = [("CREATE TABLE a (x)",), ("CREATE TABLE b (y)", "INSERT INTO b VALUES (1)")]
+    migrate(connection, steps[:1])
+    assert schema_version(connection) == 1
+    migrate(connection, steps)
+    migrate(connection, steps)
+    assert schema_version(connection) == 2
+    assert connection.execute("SELECT COUNT(*) FROM b").fetchone()[0] == 1
+
+
+def test_a_failing_migration_leaves_the_database_as_it_was(tmp_path: Path) -> None:
+    connection = sqlite3.connect(tmp_path / "m.sqlite3", isolation_level=None)
+    with pytest.raises(sqlite3.OperationalError):
+        migrate(connection, [("CREATE TABLE a (x)", "NOT SQL")])
+    assert schema_version(connection) == 0
+    assert connection.execute("SELECT name FROM sqlite_master").fetchall() == []
+
+
+def test_a_corrupt_database_is_moved_aside_and_a_fresh_one_starts(tmp_path: Path) -> None:
+    path = tmp_path / "chats.sqlite3"
+    path.write_bytes(b"this is not a database, it is a text file " * 200)
+    opened = open_database(path)
+    assert opened.notice and "could not be opened" in opened.notice
+    kept = list(tmp_path.glob("chats.sqlite3.broken-*"))
+    assert len(kept) == 1 and kept[0].read_bytes().startswith(b"this is not a database")
+    assert ConversationStore(opened.connection).summaries() == []
+
+
+def test_a_locked_database_is_moved_aside(tmp_path: Path) -> None:
+    path = tmp_path / "chats.sqlite3"
+    open_database(path).connection.close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    opened = open_database(path)
+    assert opened.notice and "locked" in opened.notice
+    assert list(tmp_path.glob("chats.sqlite3.broken-*"))
+    holder.close()
+
+
+def test_a_database_from_a_newer_app_is_kept_aside(tmp_path: Path) -> None:
+    path = tmp_path / "chats.sqlite3"
+    connection = open_database(path).connection
+    connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    connection.close()
+    opened = open_database(path)
+    assert opened.notice and "newer" in opened.notice
+    assert schema_version(opened.connection) == SCHEMA_VERSION
+
+
+def test_messages_form_a_thread_and_conversation_settings_are_kept(store: ConversationStore) -> None:
+    sampling = SamplingSettings(temperature=0.3, top_p=0.8, max_new_tokens=64, seed=7)
+    conversation = store.create(system_prompt="Be brief.", sampling=sampling)
+    question = store.add_message(conversation.id, None, USER, "Hi", DONE)
+    reply = store.add_message(conversation.id, question.id, ASSISTANT, "", STREAMING)
+    store.update_message(reply.id, content="Hello!", state=DONE, stats={"tokens": 3}, model_id="tiny")
+    loaded = store.get(conversation.id)
+    assert loaded.system_prompt == "Be brief." and loaded.sampling == sampling and loaded.model_id == "tiny"
+    thread = store.thread(conversation.id)
+    assert [(e.message.role, e.message.content, e.message.state) for e in thread] == [
+        (USER, "Hi", DONE),
+        (ASSISTANT, "Hello!", DONE),
+    ]
+    assert thread[1].message.stats == {"tokens": 3}
+
+
+def test_an_edited_message_keeps_the_earlier_version_and_its_replies(store: ConversationStore) -> None:
+    conversation = store.create()
+    first = store.add_message(conversation.id, None, USER, "What is 2+2?", DONE)
+    old_reply = store.add_message(conversation.id, first.id, ASSISTANT, "5", DONE)
+    edited = store.add_message(conversation.id, None, USER, "What is 2+3?", DONE)
+    store.add_message(conversation.id, edited.id, ASSISTANT, "5", DONE)
+    thread = store.thread(conversation.id)
+    assert [e.message.content for e in thread] == ["What is 2+3?", "5"]
+    assert (thread[0].version, thread[0].versions) == (2, 2)
+    store.select_version(first.id)
+    thread = store.thread(conversation.id)
+    assert [e.message.id for e in thread] == [first.id, old_reply.id]
+    assert (thread[0].version, thread[0].versions) == (1, 2)
+
+
+def test_search_finds_titles_and_message_text_and_ignores_like_wildcards(store: ConversationStore) -> None:
+    cooking = store.create(title="Cooking")
+    store.add_message(cooking.id, None, USER, "How long do I boil an egg? About 100% sure it's 7 minutes.", DONE)
+    travel = store.create(title="Trip to Lisbon")
+    assert {s.id for s in store.summaries("lisbon")} == {travel.id}
+    found = store.summaries("boil")
+    assert [s.id for s in found] == [cooking.id] and "boil" in found[0].snippet
+    assert [s.id for s in store.summaries("100%")] == [cooking.id]
+    assert store.summaries("_") == []
+
+
+def test_deleting_can_be_undone_until_purged(store: ConversationStore) -> None:
+    conversation = store.create(title="Keep me")
+    store.add_message(conversation.id, None, USER, "hello", DONE)
+    store.delete(conversation.id)
+    assert store.summaries() == [] and not store.exists(conversation.id)
+    store.restore(conversation.id)
+    assert [s.title for s in store.summaries()] == ["Keep me"]
+    store.delete(conversation.id)
+    assert store.purge_deleted() == 1
+    assert store.connection.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
+
+
+def test_replies_streaming_when_the_app_ended_are_marked_interrupted(store: ConversationStore) -> None:
+    conversation = store.create()
+    question = store.add_message(conversation.id, None, USER, "Tell me a story", DONE)
+    store.add_message(conversation.id, question.id, ASSISTANT, "Once upon", STREAMING)
+    assert store.mark_interrupted() == 1
+    assert store.thread(conversation.id)[1].message.state == INTERRUPTED
+
+
+def test_settings_round_trip_and_ignore_unknown_values(tmp_path: Path) -> None:
+    connection = open_database(tmp_path / "chats.sqlite3").connection
+    settings = Settings(theme="dark", sampling=SamplingSettings(temperature=0.0, seed=3), window_geometry="AAAA")
+    settings.remember_model("/models/a")
+    settings.remember_model("/models/b")
+    SettingsStore(connection).save(settings)
+    connection.execute("INSERT INTO settings VALUES ('from_a_later_version', '1')")
+    loaded = SettingsStore(connection).load()
+    assert loaded == settings and loaded.recent_models == ["/models/b", "/models/a"]
+    connection.execute("UPDATE settings SET value = '\"purple\"' WHERE key = 'theme'")
+    assert SettingsStore(connection).load().theme == "system"

@@ -1,0 +1,113 @@
+"""Export in every format and the lossless JSON round trip, without Qt."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from seqmoe_chat.store import ConversationStore, SamplingSettings, open_database
+from seqmoe_chat.store.records import ASSISTANT, DONE, STOPPED, USER
+from seqmoe_chat.transcripts.export import format_for, render, write_export
+from seqmoe_chat.transcripts.fences import code_blocks, split_fences
+from seqmoe_chat.transcripts.json_format import TranscriptError, from_json, import_json, to_json
+from seqmoe_chat.transcripts.transcript import load_transcripts
+
+REPLY = "Here is code:\n\n```python\ndef add(a, b):\n    return a + b\n```\n\nUse **it** with `add(1, 2)` <ok>."
+STATS = {"tokens": 42, "tokens_per_s": 31.25, "time_to_first_token": 0.21, "hit_rate": 0.969, "stall_seconds": 0.03}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ConversationStore:
+    return ConversationStore(open_database(tmp_path / "chats.sqlite3").connection)
+
+
+@pytest.fixture
+def conversation_id(store: ConversationStore) -> int:
+    sampling = SamplingSettings(temperature=0.5, top_p=0.95, max_new_tokens=100, seed=11)
+    conversation = store.create(title="Adding numbers", system_prompt="You are a terse tutor.", sampling=sampling)
+    first = store.add_message(conversation.id, None, USER, "How do I add?", DONE)
+    old = store.add_message(conversation.id, first.id, ASSISTANT, "Old answer", STOPPED)
+    store.update_message(old.id, model_id="tiny")
+    question = store.add_message(conversation.id, None, USER, "How do I add in Python?", DONE)
+    reply = store.add_message(conversation.id, question.id, ASSISTANT, "", DONE)
+    store.update_message(reply.id, content=REPLY, stats=STATS, model_id="tiny")
+    return conversation.id
+
+
+def test_markdown_shows_the_visible_thread_with_prompt_and_stats(store: ConversationStore, conversation_id: int) -> None:
+    text = render(load_transcripts(store, [conversation_id]), "md")
+    assert text.startswith("# Adding numbers")
+    assert "> You are a terse tutor." in text
+    assert "How do I add in Python?" in text and "```python\ndef add(a, b):" in text
+    assert "Old answer" not in text
+    assert "42 tokens · 31.2 tok/s · first token 0.21 s · hit rate 96.9% · stalls 0.03 s" in text
+
+
+def test_html_is_self_contained_escaped_and_highlights_code(store: ConversationStore, conversation_id: int) -> None:
+    html = render(load_transcripts(store, [conversation_id]), "html")
+    assert html.startswith("<!DOCTYPE html>") and "<style>" in html and "@media print" in html
+    assert "src=" not in html and "<link" not in html
+    assert "&lt;ok&gt;" in html and "<ok>" not in html
+    assert "<strong>it</strong>" in html and "<code>add(1, 2)</code>" in html
+    assert "<pre><code>" in html and 'style="color:' in html  # Pygments inline colours
+    assert "You are a terse tutor." in html
+
+
+def test_plain_text_has_speakers_and_no_markup_added(store: ConversationStore, conversation_id: int) -> None:
+    text = render(load_transcripts(store, [conversation_id]), "txt")
+    assert text.splitlines()[:2] == ["Adding numbers", "=============="]
+    assert "System prompt: You are a terse tutor." in text
+    assert "[You, " in text and "[Assistant, " in text and REPLY in text
+
+
+def test_json_round_trip_recreates_the_conversation_exactly(store: ConversationStore, conversation_id: int) -> None:
+    exported = json.loads(render(load_transcripts(store, [conversation_id]), "json"))
+    assert exported["version"] == 1 and len(exported["conversations"][0]["messages"]) == 4
+    (new_id,) = import_json(store, json.dumps(exported))
+    assert new_id != conversation_id
+    again = json.loads(to_json(load_transcripts(store, [new_id])))
+    exported.pop("exported_at"), again.pop("exported_at")
+    assert again == exported
+    original, copy = store.thread(conversation_id), store.thread(new_id)
+    assert [(e.message.content, e.message.stats, e.message.created_at, e.version) for e in copy] == [
+        (e.message.content, e.message.stats, e.message.created_at, e.version) for e in original
+    ]
+    assert store.get(new_id).sampling == store.get(conversation_id).sampling
+
+
+def test_json_import_refuses_what_it_cannot_read() -> None:
+    with pytest.raises(TranscriptError, match="not JSON"):
+        from_json("{")
+    with pytest.raises(TranscriptError, match="not a SeqMoE Chat transcript"):
+        from_json('{"format": "other"}')
+    with pytest.raises(TranscriptError, match="newer"):
+        from_json('{"format": "seqmoe-chat-transcript", "version": 99, "conversations": []}')
+    broken = {"format": "seqmoe-chat-transcript", "version": 1, "conversations": [{"title": "x", "messages": [
+        {"id": 1, "parent": 5, "role": "user", "content": "hi", "created_at": "2025-01-01T00:00:00+00:00"}
+    ], "created_at": "2025-01-01T00:00:00+00:00", "updated_at": "2025-01-01T00:00:00+00:00"}]}
+    with pytest.raises(TranscriptError, match="before its parent"):
+        from_json(json.dumps(broken))
+
+
+def test_all_conversations_go_into_one_file(store: ConversationStore, conversation_id: int, tmp_path: Path) -> None:
+    other = store.create(title="Second chat")
+    store.add_message(other.id, None, USER, "Another question", DONE)
+    ids = [s.id for s in store.summaries()]
+    for fmt in ("md", "json", "html", "txt"):
+        path = tmp_path / f"all.{fmt}"
+        write_export(path, load_transcripts(store, ids), fmt)
+        text = path.read_text(encoding="utf-8")
+        assert "Second chat" in text and "Adding numbers" in text
+        assert format_for(path) == fmt
+    assert list(tmp_path.glob(".*.tmp")) == []
+
+
+def test_code_fences_are_found_like_commonmark() -> None:
+    text = "intro\n~~~~ js extra\nlet a = 1;\n```\nstill code\n~~~~\nmiddle\n```\nunclosed"
+    segments = split_fences(text)
+    assert [(s.code, s.closed) for s in segments] == [(False, True), (True, True), (False, True), (True, False)]
+    assert segments[1].language == "js" and segments[1].text == "let a = 1;\n```\nstill code"
+    assert "".join(s.source for s in segments) == text
+    assert [b.text for b in code_blocks(text)] == ["let a = 1;\n```\nstill code"]

@@ -1,0 +1,98 @@
+"""The engine worker with the real engine on a tiny model: loading with progress and
+cancellation, streaming, stopping within a token, failures, long conversations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from seqmoe_chat.store import EngineOptions, SamplingSettings
+from seqmoe_chat.worker import EngineWorker, ReplyResult
+
+GREEDY = SamplingSettings(temperature=0.0, max_new_tokens=24)
+
+
+class Recorder:
+    """Collects a worker's signals; the worker runs on the test's thread, so they arrive at once."""
+
+    def __init__(self, worker: EngineWorker) -> None:
+        self.events: list[tuple] = []
+        for name in ("sig_load_progressed", "sig_model_loaded", "sig_load_failed", "sig_load_cancelled",
+                     "sig_reply_streamed", "sig_reply_finished", "sig_reply_failed"):
+            getattr(worker, name).connect(lambda *args, name=name: self.events.append((name, *args)))
+
+    def of(self, name: str) -> list[tuple]:
+        return [event[1:] for event in self.events if event[0] == name]
+
+
+@pytest.fixture
+def worker() -> EngineWorker:
+    made = EngineWorker()
+    yield made
+    made.unload()
+
+
+def test_loading_reports_progress_and_replies_stream(worker: EngineWorker, tiny_model: Path) -> None:
+    recorder = Recorder(worker)
+    worker.load(1, str(tiny_model), EngineOptions(cache_ratio=0.5))
+    fractions = [fraction for _, _, fraction in recorder.of("sig_load_progressed")]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0 and len(fractions) >= 4
+    ((_, info),) = recorder.of("sig_model_loaded")
+    assert (info.name, info.device, info.architecture, info.policy) == ("tiny-qwen3-moe", "cpu", "Qwen3MoeForCausalLM", "lru")
+    worker.generate(2, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}], GREEDY)
+    ((_, result),) = recorder.of("sig_reply_finished")
+    assert isinstance(result, ReplyResult) and not result.stopped and result.model_id == "tiny-qwen3-moe"
+    streamed = recorder.of("sig_reply_streamed")
+    assert streamed and all(result.text.startswith(text) for _, text, _ in streamed)
+    assert [tokens for _, _, tokens in streamed] == sorted(tokens for _, _, tokens in streamed)
+    for key in ("tokens", "tokens_per_s", "time_to_first_token", "hit_rate", "stall_seconds", "cache_ratio"):
+        assert key in result.stats
+
+
+def test_stop_takes_effect_within_one_token(worker: EngineWorker, tiny_model: Path) -> None:
+    recorder = Recorder(worker)
+    worker.load(1, str(tiny_model), EngineOptions())
+    worker.sig_reply_streamed.connect(lambda request_id, text, tokens: worker.cancel(request_id))
+    worker.generate(2, [{"role": "user", "content": "Tell me a long story"}], SamplingSettings(max_new_tokens=100, seed=1))
+    ((_, result),) = recorder.of("sig_reply_finished")
+    # Cancelled while the first token was handed out: at most the token being computed follows.
+    assert result.stopped and result.stats["tokens"] <= 2
+    worker.generate(1, [{"role": "user", "content": "Cancelled before it started"}], GREEDY)
+    assert len(recorder.of("sig_reply_finished")) == 1 and not recorder.of("sig_reply_failed")
+
+
+def test_loading_can_be_cancelled_between_stages(worker: EngineWorker, tiny_model: Path) -> None:
+    recorder = Recorder(worker)
+    worker.sig_load_progressed.connect(lambda request_id, stage, fraction: fraction >= 0.1 and worker.cancel(request_id))
+    worker.load(1, str(tiny_model), EngineOptions())
+    assert recorder.of("sig_load_cancelled") == [(1,)] and not recorder.of("sig_model_loaded")
+    worker.generate(2, [{"role": "user", "content": "Hello?"}], GREEDY)
+    assert recorder.of("sig_reply_failed") == [(2, "No model is loaded; load one from the toolbar.", "")]
+
+
+def test_a_model_that_cannot_be_loaded_says_why(worker: EngineWorker, tmp_path: Path) -> None:
+    recorder = Recorder(worker)
+    (tmp_path / "not-a-model").mkdir()
+    worker.load(1, str(tmp_path / "not-a-model"), EngineOptions())
+    ((_, reason),) = recorder.of("sig_load_failed")
+    assert "config.json" in reason and "unexpectedly" not in reason
+
+
+def test_too_small_a_cache_is_refused_with_the_engines_message(worker: EngineWorker, tiny_model: Path) -> None:
+    recorder = Recorder(worker)
+    worker.load(1, str(tiny_model), EngineOptions(cache_ratio=0.01))
+    ((_, reason),) = recorder.of("sig_load_failed")
+    assert "cache" in reason.lower() and "unexpectedly" not in reason
+
+
+def test_a_long_conversation_is_trimmed_to_the_models_context(worker: EngineWorker, tiny_model: Path) -> None:
+    recorder = Recorder(worker)
+    worker.load(1, str(tiny_model), EngineOptions())
+    history = []
+    for turn in range(8):
+        history += [{"role": "user", "content": f"question {turn} " * 8}, {"role": "assistant", "content": "answer " * 10}]
+    history.append({"role": "user", "content": "And finally?"})
+    worker.generate(2, [{"role": "system", "content": "Be brief."}, *history], SamplingSettings(max_new_tokens=500, seed=3))
+    ((_, result),) = recorder.of("sig_reply_finished")
+    assert result.stats["prompt_tokens"] + result.stats["tokens"] <= 256
