@@ -5,6 +5,12 @@ cache, ``Sampling`` says how to pick tokens, and ``Engine.events`` streams what 
 does. Errors meant for people derive from ``SeqMoEError``.
 """
 
+import os
+
+# The engine runs a copy thread beside compute; OpenMP workers that spin while idle would
+# starve it (and a GUI thread) on small machines. Only effective before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from .engine import Engine, GenerationResult, Sampling
 from .errors import BudgetTooSmall, ModelRefused, SeqMoEError
 from .loader import LoadedModel, load_model
