@@ -18,7 +18,6 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -59,7 +58,6 @@ class ExpertPredictor(nn.Module):
         nn.init.zeros_(self.target_bias.weight)
         self.register_buffer("horizons", torch.arange(1, config.horizon + 1), persistent=False)
         self._tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self._numpy: dict[str, numpy.ndarray] | None = None
 
     def forward(self, hidden: torch.Tensor, layer: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
         """Logits ``[N, H, E]`` from hidden states ``[N, hidden]``, layer ids ``[N]`` and routed experts ``[N, k]``."""
@@ -76,7 +74,6 @@ class ExpertPredictor(nn.Module):
 
     def train(self, mode: bool = True) -> "ExpertPredictor":
         self._tables = None
-        self._numpy = None
         return super().train(mode)
 
     @torch.inference_mode()
@@ -86,8 +83,6 @@ class ExpertPredictor(nn.Module):
         The same function as ``forward`` for one token, with everything that depends only on
         the layer looked up from tables: it runs at every MoE layer of every decode step.
         """
-        if hidden.device.type == "cpu":
-            return torch.from_numpy(self._predict_numpy(hidden.reshape(-1).float().numpy(), layer, routed.reshape(-1).numpy()))
         tables = self._tables
         if tables is None or tables[0].device != hidden.device:
             tables = self._tables = self._layer_tables(hidden.device)
@@ -103,27 +98,6 @@ class ExpertPredictor(nn.Module):
         decoded = decoded + F.gelu(F.linear(decoded, self.decoder_hidden.weight, self.decoder_hidden.bias))
         return torch.sigmoid(F.linear(decoded, self.head.weight, self.head.bias) + bias[layer])
 
-    def _predict_numpy(self, hidden: numpy.ndarray, layer: int, routed: numpy.ndarray) -> numpy.ndarray:
-        """``predict`` on the CPU in NumPy: for vectors this small PyTorch's per-operation
-        dispatch costs more than the arithmetic, and the forecast runs at every layer."""
-        w = self._numpy
-        if w is None:
-            w = self._numpy = {k: v.detach().float().numpy().copy() for k, v in self.state_dict().items()}
-            layers = numpy.arange(self.config.num_layers)
-            targets = (layers[:, None] + numpy.arange(1, self.config.horizon + 1)) % self.config.num_layers
-            w["queries"] = w["query_embedding.weight"].reshape(self.config.num_layers, self.config.horizon, -1)
-            w["bias"] = w["target_bias.weight"][targets]
-        eps = self.input_norm.eps
-        centred = hidden - hidden.mean()
-        normed = centred / numpy.sqrt((centred * centred).mean() + eps) * w["input_norm.weight"] + w["input_norm.bias"]
-        state = w["input_proj.weight"] @ normed + w["input_proj.bias"]
-        choice = w["expert_embedding.weight"][routed.astype(numpy.int64) + layer * self.config.num_experts].sum(axis=0)
-        context = w["encoder_out.weight"] @ _gelu(state + choice + w["layer_embedding.weight"][layer]) + w["encoder_out.bias"]
-        decoded = _gelu(context + w["queries"][layer])
-        decoded = decoded + _gelu(decoded @ w["decoder_hidden.weight"].T + w["decoder_hidden.bias"])
-        logits = decoded @ w["head.weight"].T + w["head.bias"] + w["bias"][layer]
-        return (1.0 / (1.0 + numpy.exp(-logits))).astype(numpy.float32)
-
     def _layer_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per source layer: its embedding plus the input bias, its H queries, its targets' output biases."""
         cfg = self.config
@@ -131,15 +105,6 @@ class ExpertPredictor(nn.Module):
         targets = (layers.unsqueeze(1) + self.horizons.to(device)) % cfg.num_layers
         queries = self.query_embedding.weight.view(cfg.num_layers, cfg.horizon, -1)
         return self.layer_embedding.weight.detach(), queries.detach(), self.target_bias(targets).detach()
-
-
-def _gelu(x: numpy.ndarray) -> numpy.ndarray:
-    """Exact GELU, x * Phi(x), with erf from Abramowitz & Stegun 7.1.26 (error below 1.5e-7)."""
-    z = numpy.abs(x) / numpy.sqrt(2.0)
-    t = 1.0 / (1.0 + 0.3275911 * z)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    erf = numpy.sign(x) * (1.0 - poly * numpy.exp(-z * z))
-    return 0.5 * x * (1.0 + erf)
 
 
 def save_predictor(predictor: ExpertPredictor, path: Path) -> None:
