@@ -134,9 +134,7 @@ class SlotPool:
         return None
 
     def assign(self, slot: int, key: ExpertKey, job: CopyJob | None) -> None:
-        previous = self.owner[slot]
-        if previous is not None:
-            del self.slot_of[previous]
+        self.clear(slot)
         self.owner[slot] = key
         self.job[slot] = job
         self.slot_of[key] = slot
@@ -147,6 +145,3 @@ class SlotPool:
             del self.slot_of[previous]
         self.owner[slot] = None
         self.job[slot] = None
-
-    def resident(self) -> list[ExpertKey]:
-        return [key for key in self.owner if key is not None]
