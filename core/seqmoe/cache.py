@@ -18,7 +18,17 @@ from dataclasses import dataclass
 
 import torch
 
-from .events import EventBus, ExpertEvicted, LayerRouted, PrefetchCancelled, PrefetchIssued
+from .events import (
+    CacheSnapshot,
+    EventBus,
+    ExpertEvicted,
+    LayerRouted,
+    PrefetchCancelled,
+    PrefetchCompleted,
+    PrefetchIssued,
+    SlotStatus,
+    Stall,
+)
 from .policies import Forecast, Policy
 from .scheduler import Job, schedule
 from .store import HostStore, SlotPool, SlotState
@@ -28,6 +38,9 @@ PHASES = ("prefill", "decode")
 LAYER_TIME_SMOOTHING = 0.2
 DEMOTE_ABOVE = 0.5
 """Late prefetches at least this likely are still queued (see ``scheduler``)."""
+SNAPSHOT_SECONDS = 0.05
+"""At most one cache-map snapshot per this interval: a panel redraws at a few hertz, and a
+snapshot costs one pass over the slots."""
 
 
 @dataclass
@@ -73,6 +86,7 @@ class ExpertCache:
         self._prefetched: set[ExpertKey] = set()
         self.layer_seconds: float | None = None
         self._last_decode_layer_at: float | None = None
+        self._last_snapshot_at = float("-inf")
 
     @property
     def size(self) -> int:
@@ -91,6 +105,7 @@ class ExpertCache:
         phase = "prefill" if prefill else "decode"
         if not prefill:
             self._time_layer()
+        self._settle_queued()
         self.policy.observe(layer, experts)
         slots, missed = [], []
         for expert in experts:
@@ -113,13 +128,66 @@ class ExpertCache:
             if job is not None:
                 self.copier.wait(job, phase)
         if self.events.active:
-            self.events.emit(LayerRouted(layer, tuple(experts), tuple(missed), prefill))
+            self._report(layer, experts, missed, prefill)
         return slots
+
+    def _report(self, layer: int, experts: Sequence[int], missed: list[int], prefill: bool) -> None:
+        emit = self.events.emit
+        emit(LayerRouted(layer, tuple(experts), tuple(missed), prefill))
+        for stall in self.copier.take_stalls():
+            emit(Stall(stall.key, stall.seconds, "miss" if stall.urgent else "late prefetch", stall.phase == "prefill"))
+        now = self.clock()
+        if now - self._last_snapshot_at >= SNAPSHOT_SECONDS:
+            self._last_snapshot_at = now
+            emit(self.snapshot(layer))
+
+    def snapshot(self, layer: int) -> CacheSnapshot:
+        """What every slot holds now; pinned slots are in use by layer ``layer``."""
+        pool = self.pool
+        states = []
+        for slot in range(pool.size):
+            if pool.pins[slot]:
+                states.append(SlotStatus.IN_USE)
+            else:
+                states.append(_SLOT_STATUS[pool.state(slot)])
+        return CacheSnapshot(layer, tuple(pool.owner), tuple(states))
+
+    def _settle_queued(self) -> None:
+        """Forget prefetches that have arrived (reporting them), so only copies on their way count as queued."""
+        for key, job in list(self._queued.items()):
+            if self.copier.done(job):
+                del self._queued[key]
+                if self.events.active:
+                    self.events.emit(PrefetchCompleted(key))
 
     def release(self, slots: Sequence[int]) -> None:
         for slot in slots:
             self.pool.pins[slot] -= 1
             self.copier.release(slot)
+
+    def resize(self, size: int) -> None:
+        """Grow or shrink the pool between two generations, keeping the most recently used experts.
+
+        The old pool is freed before the new one is allocated, so the two never hold device
+        memory together; the kept experts are copied back from host memory.
+        """
+        self._cancel_queued()
+        while any(not self.copier.done(job) for job in self._queued.values()):
+            time.sleep(0.001)
+        if self.pool.device.type == "cuda":
+            torch.cuda.synchronize(self.pool.device)
+        resident = sorted(self.pool.slot_of, key=self.policy.recency, reverse=True)
+        layout, device = self.pool.layout, self.pool.device
+        self._queued.clear()
+        self._prefetched.clear()
+        del self.pool
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.pool = SlotPool(layout, size, device)
+        for slot, key in enumerate(resident[:size]):
+            for destination, source in zip(self.pool.destinations(slot), self.host.sources(key)):
+                destination.copy_(source)
+            self.pool.assign(slot, key, None)
 
     def plan(self, forecasts: Sequence[Forecast]) -> None:
         """Replace the queued prefetches by the JSD schedule of ``forecasts``."""
@@ -238,10 +306,14 @@ class ExpertCache:
             candidates = self._evictable()
         victim = self.policy.victim(candidates)
         slot = self.pool.slot_of[victim]
-        if victim in self._prefetched:
+        unused = victim in self._prefetched
+        if unused:
             self._prefetched.discard(victim)
             self.prefetches.unused += 1
         self.pool.clear(slot)
         if self.events.active:
-            self.events.emit(ExpertEvicted(victim))
+            self.events.emit(ExpertEvicted(victim, unused))
         return slot
+
+
+_SLOT_STATUS = {SlotState.EMPTY: SlotStatus.EMPTY, SlotState.LOADING: SlotStatus.LOADING, SlotState.READY: SlotStatus.READY}

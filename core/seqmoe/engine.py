@@ -118,12 +118,7 @@ class Engine:
         ``future`` is the oracle's knowledge: the (layer, experts) of every cache access of
         the same greedy run, recorded from ``LayerRouted`` events of a run at the same size.
         """
-        if cache_ratio is not None and vram_budget_gb is not None:
-            raise BudgetTooSmall("give either a cache ratio or a VRAM budget, not both")
-        if vram_budget_gb is not None:
-            slots = self.geometry.slots_for_budget(int(vram_budget_gb * 2**30))
-        else:
-            slots = self.geometry.slots_for_ratio(1.0 if cache_ratio is None else cache_ratio)
+        slots = self._slots(cache_ratio, vram_budget_gb)
         if policy == "full" and slots < self.geometry.total_experts:
             need = self.geometry.budget_bytes_for(self.geometry.total_experts) / 2**30
             raise BudgetTooSmall(f"the full policy keeps all experts resident: it needs cache ratio 1 ({need:.2f} GiB)")
@@ -136,6 +131,34 @@ class Engine:
             raise BudgetTooSmall(
                 f"the device ran out of memory for {slots} expert slots; choose a smaller VRAM budget or cache ratio"
             ) from None
+
+    def resize(self, cache_ratio: float | None = None, vram_budget_gb: float | None = None) -> None:
+        """Give the expert cache another size between two generations, keeping the policy, the
+        model and the most recently used experts (no reload)."""
+        slots = self._slots(cache_ratio, vram_budget_gb)
+        if self.cache is None:
+            raise SeqMoEError(
+                "the full policy keeps every expert resident and has no cache to resize"
+                if self.policy_name == "full"
+                else "configure a policy before resizing its cache"
+            )
+        if slots == self.cache.size:
+            return
+        previous = self.cache.size
+        try:
+            self.cache.resize(slots)
+        except torch.OutOfMemoryError:
+            self.cache.resize(previous)
+            raise BudgetTooSmall(
+                f"the device ran out of memory for {slots} expert slots; the cache keeps its {previous} slots"
+            ) from None
+
+    def _slots(self, cache_ratio: float | None, vram_budget_gb: float | None) -> int:
+        if cache_ratio is not None and vram_budget_gb is not None:
+            raise BudgetTooSmall("give either a cache ratio or a VRAM budget, not both")
+        if vram_budget_gb is not None:
+            return self.geometry.slots_for_budget(int(vram_budget_gb * 2**30))
+        return self.geometry.slots_for_ratio(1.0 if cache_ratio is None else cache_ratio)
 
     def _build(self, policy: str, chosen: Policy, slots: int) -> None:
         base = self.loaded.base_implementation

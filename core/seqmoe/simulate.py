@@ -23,7 +23,7 @@ from .policies import LRUPolicy, OraclePolicy, Policy, SeqMoEPolicy
 from .predictor.model import ExpertPredictor
 from .store import ExpertLayout
 from .trace import PREFILL_CHUNK, Traces
-from .transfer import CopyJob, ExpertKey, JobState
+from .transfer import STALL_BACKLOG, CopyJob, ExpertKey, JobState, MeasuredStall
 
 
 @dataclass(frozen=True)
@@ -81,9 +81,11 @@ class SimulatedCopier:
         self._running: list[CopyJob] = []
         self._free_at = 0.0
         self._stall: dict[str, float] = {}
+        self._measured: deque[MeasuredStall] = deque(maxlen=STALL_BACKLOG)
 
     def submit(self, job: CopyJob, urgent: bool = False) -> None:
         self._settle()
+        job.urgent = urgent
         if urgent:
             self._queue.appendleft(job)
         else:
@@ -106,11 +108,21 @@ class SimulatedCopier:
         finish = self._finish.get(id(job), self.clock.now)
         if finish > self.clock.now:
             self._stall[phase] = self._stall.get(phase, 0.0) + finish - self.clock.now
+            self._measured.append(MeasuredStall(job.key, finish - self.clock.now, job.urgent, phase))
             self.clock.now = finish
         self._settle()
 
     def release(self, slot: int) -> None:
         """Nothing to order on a virtual clock."""
+
+    def done(self, job: CopyJob) -> bool:
+        self._settle()
+        return job.state is JobState.DONE
+
+    def take_stalls(self) -> list[MeasuredStall]:
+        taken = list(self._measured)
+        self._measured.clear()
+        return taken
 
     def stall_seconds(self, phase: str | None = None) -> float:
         return sum(self._stall.values()) if phase is None else self._stall.get(phase, 0.0)

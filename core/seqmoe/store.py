@@ -107,6 +107,7 @@ class SlotPool:
     def __init__(self, layout: ExpertLayout, size: int, device: torch.device) -> None:
         self.layout = layout
         self.size = size
+        self.device = device
         self.tensors = {
             name: torch.empty((size, *shape), dtype=layout.dtype, device=device)
             for name, shape in zip(layout.names, layout.shapes)

@@ -10,6 +10,9 @@ they drive:
   the emulated one blocks the calling thread, which *is* the compute stream on a CPU.
 * ``release(slot)`` marks that the compute side finished reading a slot; a later copy
   into that slot is ordered after it.
+* ``done(job)`` says, without waiting, whether the slot holds the expert.
+* ``take_stalls()`` hands over the stalls measured since the last call (for the event
+  stream); it keeps at most ``STALL_BACKLOG`` of them when nobody takes them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import torch
 
 ExpertKey = tuple[int, int]
 """(MoE layer index, expert index within that layer)."""
+
+STALL_BACKLOG = 4096
 
 
 class JobState(Enum):
@@ -45,9 +50,19 @@ class CopyJob:
     """(device destination, host source) views, one per expert tensor."""
     nbytes: int
     state: JobState = JobState.QUEUED
+    urgent: bool = False
+    """Submitted as a miss (compute already waits for it), not as a prefetch."""
     ready: threading.Event = field(default_factory=threading.Event)
     cuda_event: object | None = None
     timing: tuple[object, object] | None = None
+
+
+@dataclass(frozen=True)
+class MeasuredStall:
+    key: ExpertKey
+    seconds: float
+    urgent: bool
+    phase: str
 
 
 class Copier(Protocol):
@@ -63,6 +78,10 @@ class Copier(Protocol):
     def wait(self, job: CopyJob, phase: str = "decode") -> None: ...
 
     def release(self, slot: int) -> None: ...
+
+    def done(self, job: CopyJob) -> bool: ...
+
+    def take_stalls(self) -> list[MeasuredStall]: ...
 
     def stall_seconds(self, phase: str | None = None) -> float: ...
 
@@ -106,6 +125,7 @@ class EmulatedCopier:
         self.bytes_copied = 0
         self.speed = LinkSpeed(self.bytes_per_s)
         self._stall: dict[str, float] = {}
+        self._measured: deque[MeasuredStall] = deque(maxlen=STALL_BACKLOG)
         self._queue: deque[tuple[CopyJob, float]] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -114,6 +134,7 @@ class EmulatedCopier:
         self._thread.start()
 
     def submit(self, job: CopyJob, urgent: bool = False) -> None:
+        job.urgent = urgent
         with self._cond:
             entry = (job, time.perf_counter())
             if urgent:
@@ -142,10 +163,20 @@ class EmulatedCopier:
                     break
         start = time.perf_counter()
         job.ready.wait()
-        self._stall[phase] = self._stall.get(phase, 0.0) + time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self._stall[phase] = self._stall.get(phase, 0.0) + seconds
+        self._measured.append(MeasuredStall(job.key, seconds, job.urgent, phase))
 
     def release(self, slot: int) -> None:
         """CPU compute is synchronous: once the layer returned, the slot is free to overwrite."""
+
+    def done(self, job: CopyJob) -> bool:
+        return job.ready.is_set()
+
+    def take_stalls(self) -> list[MeasuredStall]:
+        taken = list(self._measured)
+        self._measured.clear()
+        return taken
 
     def stall_seconds(self, phase: str | None = None) -> float:
         return sum(self._stall.values()) if phase is None else self._stall.get(phase, 0.0)
@@ -217,8 +248,10 @@ class CudaCopier:
         self._in_flight: deque[CopyJob] = deque()
         self._released: dict[int, torch.cuda.Event] = {}
         self._stall_pairs: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        self._unmeasured: deque[tuple[CopyJob, str, torch.cuda.Event, torch.cuda.Event]] = deque(maxlen=STALL_BACKLOG)
 
     def submit(self, job: CopyJob, urgent: bool = False) -> None:
+        job.urgent = urgent
         if urgent:
             self._pending.appendleft(job)
         else:
@@ -246,6 +279,7 @@ class CudaCopier:
             compute.wait_event(event)
             after.record(compute)
             self._stall_pairs.append((phase, before, after))
+            self._unmeasured.append((job, phase, before, after))
         # From the compute stream's point of view the slot now holds the expert.
         job.state = JobState.DONE
 
@@ -253,6 +287,19 @@ class CudaCopier:
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.device))
         self._released[slot] = event
+
+    def done(self, job: CopyJob) -> bool:
+        if job.state is JobState.COPYING and job.cuda_event.query():
+            job.state = JobState.DONE
+        return job.state is JobState.DONE
+
+    def take_stalls(self) -> list[MeasuredStall]:
+        """The stalls the GPU has already passed (querying events never blocks)."""
+        taken = []
+        while self._unmeasured and self._unmeasured[0][3].query():
+            job, phase, before, after = self._unmeasured.popleft()
+            taken.append(MeasuredStall(job.key, before.elapsed_time(after) / 1000.0, job.urgent, phase))
+        return taken
 
     def stall_seconds(self, phase: str | None = None) -> float:
         if not self._stall_pairs:

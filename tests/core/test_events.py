@@ -1,0 +1,150 @@
+"""The event stream as a listener sees it, and resizing the cache between generations."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+
+from seqmoe import BudgetTooSmall, Engine, Sampling, load_model
+from seqmoe.events import (
+    CacheSnapshot,
+    EventBuffer,
+    ExpertEvicted,
+    LayerRouted,
+    PrefetchCancelled,
+    PrefetchIssued,
+    SlotStatus,
+    Stall,
+    TokenGenerated,
+)
+from seqmoe.resources import demo_model_dir
+
+PROMPT = "Tell me about the mountains you like to hike."
+TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    # A slow emulated link: copies take longer than a layer, so there are stalls to report.
+    engine = Engine(load_model(str(demo_model_dir()), device="cpu"), link_gbps=0.05)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def reference(engine: Engine) -> list[int]:
+    engine.configure("full")
+    return engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=TOKENS)).token_ids
+
+
+def test_buffer_keeps_the_newest_events_and_counts_the_dropped() -> None:
+    buffer = EventBuffer(capacity=3)
+    for index in range(5):
+        buffer(TokenGenerated(index, index, 0.0))
+    assert [event.index for event in buffer.drain()] == [2, 3, 4]
+    assert buffer.dropped == 2
+    assert buffer.drain() == []
+
+
+def test_buffer_takes_events_from_one_thread_while_another_drains() -> None:
+    buffer = EventBuffer(capacity=100_000)
+    drained: list = []
+    done = threading.Event()
+
+    def consume() -> None:
+        while not done.is_set():
+            drained.extend(buffer.drain())
+        drained.extend(buffer.drain())
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    for index in range(20_000):
+        buffer(TokenGenerated(index, 0, 0.0))
+    done.set()
+    consumer.join()
+    assert [event.index for event in drained] == list(range(20_000))
+
+
+def test_stream_accounts_for_every_access_copy_and_stall(engine: Engine, reference: list[int]) -> None:
+    engine.configure("seqmoe", cache_ratio=0.3)
+    buffer = EventBuffer()
+    engine.events.subscribe(buffer)
+    try:
+        result = engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=TOKENS))
+    finally:
+        engine.events.unsubscribe(buffer)
+    events = buffer.drain()
+    stats = result.stats
+    assert result.token_ids == reference
+    kinds = Counter(type(event) for event in events)
+    assert kinds[TokenGenerated] == stats.tokens
+    decode = [e for e in events if isinstance(e, LayerRouted) and not e.prefill]
+    assert len(decode) == (stats.tokens - 1) * engine.loaded.host.num_layers
+    assert sum(len(e.missed) for e in events if isinstance(e, LayerRouted)) == stats.misses
+    assert kinds[PrefetchIssued] - kinds[PrefetchCancelled] == stats.prefetch_issued
+    assert sum(1 for e in events if isinstance(e, ExpertEvicted) and e.unused) == stats.prefetch_unused
+    stalls = [e for e in events if isinstance(e, Stall)]
+    assert stalls and {e.cause for e in stalls} <= {"miss", "late prefetch"}
+    assert sum(e.seconds for e in stalls) == pytest.approx(stats.stall_seconds, rel=1e-6)
+
+
+def test_snapshots_show_the_routed_experts_in_use(engine: Engine) -> None:
+    engine.configure("lru", cache_ratio=0.3)
+    seen: list = []
+    engine.events.subscribe(seen.append)
+    try:
+        engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=4))
+    finally:
+        engine.events.unsubscribe(seen.append)
+    snapshots = [(i, e) for i, e in enumerate(seen) if isinstance(e, CacheSnapshot)]
+    assert snapshots
+    for position, snapshot in snapshots:
+        routed = next(e for e in reversed(seen[:position]) if isinstance(e, LayerRouted))
+        assert routed.layer == snapshot.layer
+        assert len(snapshot.owners) == engine.cache_slots
+        in_use = {owner for owner, state in zip(snapshot.owners, snapshot.states) if state is SlotStatus.IN_USE}
+        assert in_use == {(routed.layer, expert) for expert in routed.experts}
+        empty = [owner for owner, state in zip(snapshot.owners, snapshot.states) if state is SlotStatus.EMPTY]
+        assert all(owner is None for owner in empty)
+
+
+def test_resize_changes_the_slots_in_place_and_keeps_the_output(engine: Engine, reference: list[int]) -> None:
+    engine.configure("seqmoe", cache_ratio=0.3)
+    prompt = engine.encode(PROMPT, chat=True)
+    engine.generate(prompt, Sampling(max_new_tokens=TOKENS))
+    small = engine.cache_slots
+    cache = engine.cache
+    engine.resize(cache_ratio=0.6)
+    assert engine.cache is cache and engine.cache_slots > small
+    grown = engine.generate(prompt, Sampling(max_new_tokens=TOKENS))
+    assert grown.token_ids == reference
+    assert grown.stats.cache_slots == engine.cache_slots
+    engine.resize(cache_ratio=0.2)
+    assert engine.cache_slots < small
+    assert engine.generate(prompt, Sampling(max_new_tokens=TOKENS)).token_ids == reference
+
+
+def test_resize_keeps_the_most_recently_used_experts(engine: Engine) -> None:
+    engine.configure("lru", cache_ratio=0.5)
+    routed: list[LayerRouted] = []
+    listener = lambda e: routed.append(e) if isinstance(e, LayerRouted) else None  # noqa: E731
+    engine.events.subscribe(listener)
+    try:
+        engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=3))
+    finally:
+        engine.events.unsubscribe(listener)
+    last = routed[-1]
+    engine.resize(cache_ratio=0.2)
+    kept = set(engine.cache.pool.slot_of)
+    assert {(last.layer, expert) for expert in last.experts} <= kept
+    assert len(kept) == engine.cache_slots
+
+
+def test_resize_below_the_minimum_is_refused_and_keeps_the_cache(engine: Engine) -> None:
+    engine.configure("lru", cache_ratio=0.3)
+    before = engine.cache_slots
+    with pytest.raises(BudgetTooSmall, match="minimum"):
+        engine.resize(cache_ratio=0.001)
+    assert engine.cache_slots == before
