@@ -7,14 +7,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from PySide6.QtCore import QSize
+from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
+from .app_metadata import APP_ID, APP_TITLE, ICON_SIZES, app_version, icon_png
 from .engine_client import EngineClient
 from .paths import data_dir
 from .store import DATABASE_NAME, ConversationStore, OpenedDatabase, Settings, SettingsStore, open_database
 from .worker import EngineOpener, open_engine
 
-APP_TITLE = "SeqMoE Chat"
 LOG_NAME = "seqmoe-chat.log"
 
 
@@ -44,8 +46,18 @@ def create_application() -> QApplication:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName(APP_TITLE)
     app.setApplicationDisplayName(APP_TITLE)
-    app.setDesktopFileName("seqmoe-chat")
+    app.setApplicationVersion(app_version())
+    # Wayland finds the window's desktop entry, and so its icon, by this name.
+    app.setDesktopFileName(APP_ID)
+    app.setWindowIcon(_app_icon())
     return app
+
+
+def _app_icon() -> QIcon:
+    icon = QIcon()
+    for size in ICON_SIZES:
+        icon.addFile(str(icon_png(size)), QSize(size, size))
+    return icon
 
 
 def run_app(data_dir_override: Path | None, model: str | None) -> int:

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .app_metadata import app_version
 from .paths import data_dir
 from .store import DATABASE_NAME, ConversationStore, open_database
 from .transcripts.export import FORMAT_NAMES, write_export
@@ -25,6 +26,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--self-test",
         action="store_true",
         help="open the window offscreen with a temporary data folder, chat once, export, print one line, exit 0 or 1",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {app_version()}")
+    desktop = parser.add_mutually_exclusive_group()
+    desktop.add_argument(
+        "--install-desktop-entry",
+        dest="desktop_entry",
+        action="store_const",
+        const="install",
+        help="add SeqMoE Chat to this Linux user's application menu (a .desktop file and icons)",
+    )
+    desktop.add_argument(
+        "--uninstall-desktop-entry",
+        dest="desktop_entry",
+        action="store_const",
+        const="uninstall",
+        help="remove what --install-desktop-entry added",
     )
     commands = parser.add_subparsers(dest="command")
     export = commands.add_parser("export", help="write conversations to a file")

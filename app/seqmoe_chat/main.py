@@ -18,6 +18,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = cli.parse(argv)
     if args.command:
         return cli.run_command(args)
+    if args.desktop_entry:
+        from .desktop_entry import run_desktop_entry
+
+        return run_desktop_entry(args.desktop_entry)
     if args.self_test:
         from .self_test import run_self_test
 

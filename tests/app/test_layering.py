@@ -24,7 +24,7 @@ for name in sys.argv[1:]:
 
 
 def test_store_transcripts_and_cli_need_neither_qt_nor_the_engine() -> None:
-    names = ["seqmoe_chat.cli", "seqmoe_chat.paths"]
+    names = ["seqmoe_chat.cli", "seqmoe_chat.paths", "seqmoe_chat.desktop_entry"]
     for package in (seqmoe_chat.store, seqmoe_chat.transcripts):
         names += [package.__name__] + [f"{package.__name__}.{m.name}" for m in pkgutil.iter_modules(package.__path__)]
     result = subprocess.run([sys.executable, "-c", BLOCK, *names], capture_output=True, text=True, timeout=120)
