@@ -126,8 +126,12 @@ def find_experts(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(getattr(m, "is_concatenated", None), bool) and hasattr(m, "has_gate")]
 
 
-def check_supported(config: PretrainedConfig) -> None:
-    """Refuse models that are not MoEs, or whose experts bypass the experts interface."""
+def check_supported(config: PretrainedConfig) -> nn.Module:
+    """Refuse models that are not MoEs, or whose experts bypass the experts interface.
+
+    Returns the model it checked, built on the meta device (no memory), so that a caller
+    can measure the model (experts, their sizes) before any weight is downloaded.
+    """
     try:
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
@@ -135,7 +139,7 @@ def check_supported(config: PretrainedConfig) -> None:
         raise ModelRefused(f"{type(config).__name__} is not a causal language model: {_first_line(error)}") from None
     architecture = type(skeleton).__name__
     if find_experts(skeleton):
-        return
+        return skeleton
     text = config.get_text_config()
     experts = max((getattr(text, key, 0) or 0 for key in _EXPERT_COUNT_KEYS if isinstance(getattr(text, key, 0), int)), default=0)
     if experts > 1:

@@ -1,0 +1,75 @@
+"""Whether a model fits this computer: all in VRAM, offloaded with SeqMoE at some cache
+ratio, or not at all. The arithmetic is the engine's own (``seqmoe.budget.CacheGeometry``),
+applied to figures known before the model is downloaded."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .model_shape import ModelShape
+
+EMULATED_VRAM_BYTES = 8 * 2**30
+"""Without a CUDA GPU the engine emulates one; fits are judged for a common 8 GiB card."""
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    kind: str  # "cuda" or "emulated"
+    name: str
+    vram_bytes: int
+    ram_bytes: int
+
+    def describe(self) -> str:
+        if self.kind == "cuda":
+            return f"{self.name}: {gib(self.vram_bytes)} of VRAM, {gib(self.ram_bytes)} of RAM"
+        return f"No CUDA GPU: fits are shown for an emulated {gib(self.vram_bytes)} GPU; {gib(self.ram_bytes)} of RAM"
+
+
+@dataclass(frozen=True)
+class Fit:
+    kind: str  # "fits", "offloaded", "vram" (too little VRAM) or "ram" (too little RAM)
+    label: str
+    cached_fraction: float  # of all routed experts, in VRAM
+
+
+def probe_device() -> DeviceMemory:
+    """The CUDA device's memory (``torch.cuda.mem_get_info``) or the emulated budget, and the RAM."""
+    import psutil
+    import torch
+
+    ram = psutil.virtual_memory().total
+    if torch.cuda.is_available():
+        _free, total = torch.cuda.mem_get_info()
+        return DeviceMemory("cuda", torch.cuda.get_device_name(), total, ram)
+    return DeviceMemory("emulated", "emulated GPU", EMULATED_VRAM_BYTES, ram)
+
+
+def fit(shape: ModelShape, device: DeviceMemory) -> Fit:
+    from seqmoe.budget import WORKSPACE_BYTES, BudgetTooSmall, CacheGeometry
+
+    # The loader reads every weight into host memory before the experts are split off.
+    if shape.total_bytes > device.ram_bytes:
+        return Fit("ram", f"too large for this RAM (needs {gib(shape.total_bytes)}, has {gib(device.ram_bytes)})", 0.0)
+    geometry = CacheGeometry(
+        total_experts=shape.total_experts,
+        bytes_per_expert=shape.bytes_per_expert,
+        resident_bytes=shape.resident_bytes,
+        kv_bytes=shape.kv_bytes,
+        # An emulated GPU stands for a real one, so it pays a CUDA workspace too.
+        workspace_bytes=WORKSPACE_BYTES["cuda"],
+        top_k=shape.top_k,
+    )
+    if geometry.budget_bytes_for(geometry.total_experts) <= device.vram_bytes:
+        return Fit("fits", "fits entirely", 1.0)
+    try:
+        slots = geometry.slots_for_budget(device.vram_bytes)
+    except BudgetTooSmall:
+        need = geometry.budget_bytes_for(geometry.minimum_slots)
+        return Fit("vram", f"too large for this GPU (needs {gib(need)} of VRAM at least)", 0.0)
+    fraction = slots / geometry.total_experts
+    return Fit("offloaded", f"runs with SeqMoE at {max(math.floor(fraction * 100), 1)}% cached", fraction)
+
+
+def gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB"

@@ -1,0 +1,63 @@
+"""The model manager's small JSON files (the download queue, imported folders).
+
+Written to a temporary file in the same folder and renamed over the old one (as calibre
+does), so a crash or a full disk leaves the old file or the new one, never half of one.
+Each file carries a format name and a schema version; a file that cannot be read is kept
+aside under another name, never overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+class StoredFileError(Exception):
+    """A stored file could not be used; the message says where its content was kept."""
+
+
+def write_json(path: Path, fmt: str, version: int, body: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            json.dump({"format": fmt, "version": version, **body}, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def read_json(path: Path, fmt: str, version: int) -> dict[str, Any] | None:
+    """The file's content (None if there is no file yet). A damaged file, or one written by
+    a newer version of the app, is renamed aside and reported with ``StoredFileError``."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise StoredFileError(f"{path.name} could not be read ({error}); {_set_aside(path)}") from None
+    if not isinstance(value, dict) or value.get("format") != fmt:
+        raise StoredFileError(f"{path.name} is not a {fmt} file; {_set_aside(path)}")
+    if value.get("version") != version:
+        raise StoredFileError(
+            f"{path.name} has version {value.get('version')!r}, this app reads version {version}; {_set_aside(path)}"
+        )
+    return value
+
+
+def _set_aside(path: Path) -> str:
+    kept = path.with_name(f"{path.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        os.replace(path, kept)
+    except OSError as error:
+        return f"it could not be renamed aside either ({error.strerror or error})"
+    return f"it was kept as {kept.name} and a new one was started"
