@@ -13,8 +13,9 @@ from PySide6.QtWidgets import QApplication
 
 from .app_metadata import APP_ID, APP_TITLE, ICON_SIZES, app_version, icon_png
 from .engine_client import EngineClient
-from .paths import data_dir
+from .paths import config_dir, data_dir
 from .store import DATABASE_NAME, ConversationStore, OpenedDatabase, Settings, SettingsStore, open_database
+from .store.settings import SETTINGS_NAME
 from .worker import EngineOpener, open_engine
 
 LOG_NAME = "seqmoe-chat.log"
@@ -38,7 +39,7 @@ def open_context(folder: Path, opener: EngineOpener = open_engine) -> AppContext
     store.mark_interrupted()
     # Deleted conversations could be restored until the app ended; now they go.
     store.purge_deleted()
-    settings_store = SettingsStore(database.connection)
+    settings_store = SettingsStore(config_dir(folder) / SETTINGS_NAME, database.connection)
     return AppContext(folder, database, store, settings_store, settings_store.load(), EngineClient(opener))
 
 

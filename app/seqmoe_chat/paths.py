@@ -1,4 +1,4 @@
-"""Where the app keeps its data: the platform's user data folder unless told otherwise."""
+"""Where the app keeps its data and its settings: the platform's folders unless told otherwise."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import platformdirs
 
 APP_NAME = "seqmoe-chat"
 DATA_DIR_ENV = "SEQMOE_CHAT_DATA_DIR"
+CONFIG_DIR_ENV = "SEQMOE_CHAT_CONFIG_DIR"
 
 
 def data_dir(override: str | os.PathLike[str] | None = None) -> Path:
@@ -17,3 +18,15 @@ def data_dir(override: str | os.PathLike[str] | None = None) -> Path:
     if chosen:
         return Path(chosen).expanduser()
     return platformdirs.user_data_path(APP_NAME, appauthor=False)
+
+
+def config_dir(data_folder: Path) -> Path:
+    """``$SEQMOE_CHAT_CONFIG_DIR``, else the platform's config folder (e.g. ``~/.config/seqmoe-chat``)
+    when the data live in the platform's data folder, else ``data_folder`` itself: a chosen
+    data folder is a whole profile, so tests and the self-test never touch the real settings."""
+    chosen = os.environ.get(CONFIG_DIR_ENV)
+    if chosen:
+        return Path(chosen).expanduser()
+    if data_folder.resolve() == platformdirs.user_data_path(APP_NAME, appauthor=False).resolve():
+        return platformdirs.user_config_path(APP_NAME, appauthor=False)
+    return data_folder

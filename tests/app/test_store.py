@@ -1,4 +1,4 @@
-"""The chat database, without Qt: schema, recovery, conversations, versions, search, settings."""
+"""The chat database, without Qt: schema, recovery, conversations, versions, search."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from seqmoe_chat.store import ConversationStore, SamplingSettings, Settings, SettingsStore, open_database
+from seqmoe_chat.store import ConversationStore, SamplingSettings, open_database
 from seqmoe_chat.store.migrations import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
 from seqmoe_chat.store.records import ASSISTANT, DONE, INTERRUPTED, STREAMING, USER
 
@@ -138,15 +138,3 @@ def test_replies_streaming_when_the_app_ended_are_marked_interrupted(store: Conv
     assert store.mark_interrupted() == 1
     assert store.thread(conversation.id)[1].message.state == INTERRUPTED
 
-
-def test_settings_round_trip_and_ignore_unknown_values(tmp_path: Path) -> None:
-    connection = open_database(tmp_path / "chats.sqlite3").connection
-    settings = Settings(theme="dark", sampling=SamplingSettings(temperature=0.0, seed=3), window_geometry="AAAA")
-    settings.remember_model("/models/a")
-    settings.remember_model("/models/b")
-    SettingsStore(connection).save(settings)
-    connection.execute("INSERT INTO settings VALUES ('from_a_later_version', '1')")
-    loaded = SettingsStore(connection).load()
-    assert loaded == settings and loaded.recent_models == ["/models/b", "/models/a"]
-    connection.execute("UPDATE settings SET value = '\"purple\"' WHERE key = 'theme'")
-    assert SettingsStore(connection).load().theme == "system"

@@ -1,32 +1,76 @@
-"""The app's settings, kept in the chat database so that they cannot be half-written."""
+"""The app's settings: one JSON file with a schema version, in the platform's config folder.
+
+The file is replaced atomically (temporary file, then ``os.replace``), so it is never half
+written. Every older layout has an explicit migration to the next one:
+
+1. The settings table of the chat database (``chats.sqlite3``), one JSON value per key.
+2. ``settings.json``; the engine options gain a VRAM budget and the emulated link speed,
+   and the live panel its sampling rate.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
+from ..models.json_file import write_json
 from .records import SamplingSettings
-from .transactions import transaction
 
+log = logging.getLogger(__name__)
+
+SETTINGS_NAME = "settings.json"
+SETTINGS_FORMAT = "seqmoe-chat-settings"
+SCHEMA_VERSION = 2
 THEMES = ("system", "light", "dark")
+DEVICES = ("auto", "cuda", "cpu")
+POLICIES = ("seqmoe", "gate", "lru", "full")
 RECENT_MODELS = 8
+DEFAULT_LINK_GBPS = 25.0  # the engine's own default for the emulated link
+PANEL_HZ = (1, 10)  # the live panel refreshes at most 10 times a second
+DEFAULT_PANEL_HZ = 10
 
 
 @dataclass
 class EngineOptions:
-    """How the worker opens a model. Only the defaults are used until the settings dialog
-    grows its VRAM-budget page."""
+    """How the worker opens a model and sizes its expert cache."""
 
     device: str = "auto"
     policy: str = "lru"
     cache_ratio: float = 0.45
+    vram_budget_gb: float | None = None  # when set, the cache is sized by this budget instead of the ratio
+    link_gbps: float = DEFAULT_LINK_GBPS  # the emulated link's speed (machines without a CUDA GPU)
+
+    def cache_size(self) -> dict[str, float]:
+        """The keyword that sizes the cache in ``Engine.configure`` and ``Engine.resize``."""
+        if self.policy == "full":
+            return {"cache_ratio": 1.0}
+        if self.vram_budget_gb is not None:
+            return {"vram_budget_gb": self.vram_budget_gb}
+        return {"cache_ratio": self.cache_ratio}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EngineOptions:
+        options, defaults = cls(), cls()
         known = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in values.items() if key in known})
+        for key, value in values.items():
+            if key in known:
+                setattr(options, key, value)
+        if options.device not in DEVICES:
+            options.device = defaults.device
+        if options.policy not in POLICIES:
+            options.policy = defaults.policy
+        if not _is_number(options.cache_ratio) or not 0 < options.cache_ratio <= 1:
+            options.cache_ratio = defaults.cache_ratio
+        if options.vram_budget_gb is not None and not (_is_number(options.vram_budget_gb) and options.vram_budget_gb > 0):
+            options.vram_budget_gb = None
+        if not _is_number(options.link_gbps) or options.link_gbps <= 0:
+            options.link_gbps = defaults.link_gbps
+        return options
 
 
 @dataclass
@@ -36,6 +80,7 @@ class Settings:
     engine: EngineOptions = field(default_factory=EngineOptions)
     model: str = ""  # a folder or hub id; empty: the bundled demo model
     recent_models: list[str] = field(default_factory=list)
+    panel_hz: int = DEFAULT_PANEL_HZ
     window_geometry: str = ""  # Qt's saveGeometry(), base64
     window_state: str = ""
     splitter_state: str = ""
@@ -45,14 +90,10 @@ class Settings:
             self.recent_models = [model] + [m for m in self.recent_models if m != model][: RECENT_MODELS - 1]
         self.model = model
 
-
-class SettingsStore:
-    def __init__(self, connection: sqlite3.Connection) -> None:
-        self.connection = connection
-
-    def load(self) -> Settings:
-        values = {key: json.loads(value) for key, value in self.connection.execute("SELECT key, value FROM settings")}
-        settings = Settings()
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Settings:
+        """Settings from stored values of the current schema; a wrong or unknown value keeps its default."""
+        settings = cls()
         for name in ("model", "window_geometry", "window_state", "splitter_state"):
             if isinstance(values.get(name), str):
                 setattr(settings, name, values[name])
@@ -64,12 +105,81 @@ class SettingsStore:
             settings.sampling = SamplingSettings.from_dict(values["sampling"])
         if isinstance(values.get("engine"), dict):
             settings.engine = EngineOptions.from_dict(values["engine"])
+        hz = values.get("panel_hz")
+        if isinstance(hz, int) and PANEL_HZ[0] <= hz <= PANEL_HZ[1]:
+            settings.panel_hz = hz
+        return settings
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _from_version_1(values: dict[str, Any]) -> dict[str, Any]:
+    engine = dict(values.get("engine") or {})
+    # Version 1 sized the cache by a ratio only, on the engine's default link.
+    engine.setdefault("vram_budget_gb", None)
+    engine.setdefault("link_gbps", DEFAULT_LINK_GBPS)
+    return {**values, "engine": engine, "panel_hz": DEFAULT_PANEL_HZ}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_version_1}
+"""``MIGRATIONS[n]`` turns the values of schema ``n`` into those of ``n + 1``."""
+
+
+def migrate(values: dict[str, Any], version: int) -> dict[str, Any]:
+    for number in range(version, SCHEMA_VERSION):
+        values = MIGRATIONS[number](values)
+    return values
+
+
+class SettingsStore:
+    """``path`` is the settings file; ``legacy`` the chat database that held version 1."""
+
+    def __init__(self, path: Path, legacy: sqlite3.Connection | None = None) -> None:
+        self.path = path
+        self.legacy = legacy
+
+    def load(self) -> Settings:
+        values, version = self._read()
+        settings = Settings.from_dict(migrate(values, version))
+        if version < SCHEMA_VERSION:
+            # Written once in the new layout; the old one is left as it was.
+            self.save(settings)
         return settings
 
     def save(self, settings: Settings) -> None:
-        values = asdict(settings)
-        with transaction(self.connection):
-            self.connection.executemany(
-                "INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                [(key, json.dumps(value)) for key, value in values.items()],
-            )
+        write_json(self.path, SETTINGS_FORMAT, SCHEMA_VERSION, asdict(settings))
+
+    def _read(self) -> tuple[dict[str, Any], int]:
+        """The stored values and their schema version; nothing stored reads as empty current values."""
+        try:
+            stored = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return self._read_legacy()
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            log.warning("%s could not be read (%s); starting from the default settings", self.path, error)
+            return {}, SCHEMA_VERSION
+        version = stored.get("version") if isinstance(stored, dict) else None
+        if not isinstance(version, int) or stored.get("format") != SETTINGS_FORMAT or version < 1:
+            log.warning("%s is not a settings file of this app; starting from the default settings", self.path)
+            return {}, SCHEMA_VERSION
+        if version > SCHEMA_VERSION:
+            # A newer app wrote it: the values this version knows still apply.
+            log.warning("%s has schema %d, newer than this app's %d", self.path, version, SCHEMA_VERSION)
+            return stored, SCHEMA_VERSION
+        return stored, version
+
+    def _read_legacy(self) -> tuple[dict[str, Any], int]:
+        if self.legacy is None:
+            return {}, SCHEMA_VERSION
+        rows = self.legacy.execute("SELECT key, value FROM settings").fetchall()
+        if not rows:
+            return {}, SCHEMA_VERSION
+        values = {}
+        for key, value in rows:
+            try:
+                values[key] = json.loads(value)
+            except json.JSONDecodeError:
+                continue
+        return values, 1

@@ -1,0 +1,108 @@
+"""The settings file, without Qt: round trip, atomic replacement, migration from the chat
+database's settings table (schema 1), tolerance of bad values, and where the file lives."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from seqmoe_chat.paths import CONFIG_DIR_ENV, config_dir
+from seqmoe_chat.store import EngineOptions, SamplingSettings, Settings, SettingsStore, open_database
+from seqmoe_chat.store.settings import SCHEMA_VERSION, SETTINGS_FORMAT, SETTINGS_NAME
+
+
+def test_round_trip_with_a_schema_version(tmp_path: Path) -> None:
+    path = tmp_path / "config" / SETTINGS_NAME
+    settings = Settings(theme="dark", sampling=SamplingSettings(temperature=0.0, seed=3), window_geometry="AAAA",
+                        engine=EngineOptions(policy="seqmoe", vram_budget_gb=0.085, link_gbps=2.5), panel_hz=4)
+    settings.remember_model("/models/a")
+    settings.remember_model("/models/b")
+    SettingsStore(path).save(settings)
+    stored = json.loads(path.read_text())
+    assert stored["format"] == SETTINGS_FORMAT and stored["version"] == SCHEMA_VERSION
+    loaded = SettingsStore(path).load()
+    assert loaded == settings and loaded.recent_models == ["/models/b", "/models/a"]
+    # Written atomically: no temporary file is left beside it.
+    assert sorted(p.name for p in path.parent.iterdir()) == [SETTINGS_NAME]
+
+
+def test_a_failed_write_leaves_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / SETTINGS_NAME
+    store = SettingsStore(path)
+    store.save(Settings(theme="dark"))
+
+    def full_disk(*_args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(OSError):
+        store.save(Settings(theme="light"))
+    monkeypatch.undo()
+    assert SettingsStore(path).load().theme == "dark"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [SETTINGS_NAME]
+
+
+def test_version_1_in_the_chat_database_migrates_to_the_file(tmp_path: Path) -> None:
+    connection = open_database(tmp_path / "chats.sqlite3").connection
+    version_1 = {
+        "theme": "light",
+        "sampling": {"temperature": 0.2, "top_p": 0.8, "max_new_tokens": 64, "seed": 5},
+        "engine": {"device": "cpu", "policy": "gate", "cache_ratio": 0.6},
+        "model": "/models/x",
+        "recent_models": ["/models/x"],
+        "window_geometry": "GGGG",
+        "window_state": "SSSS",
+        "splitter_state": "PPPP",
+    }
+    connection.executemany("INSERT INTO settings (key, value) VALUES (?, ?)",
+                           [(key, json.dumps(value)) for key, value in version_1.items()])
+    path = tmp_path / "config" / SETTINGS_NAME
+    settings = SettingsStore(path, connection).load()
+    assert settings.theme == "light" and settings.model == "/models/x" and settings.window_state == "SSSS"
+    assert settings.sampling == SamplingSettings(temperature=0.2, top_p=0.8, max_new_tokens=64, seed=5)
+    # New in version 2: the cache is still sized by the old ratio, on the default link.
+    assert settings.engine == EngineOptions(device="cpu", policy="gate", cache_ratio=0.6, vram_budget_gb=None,
+                                            link_gbps=25.0)
+    assert settings.engine.cache_size() == {"cache_ratio": 0.6}
+    assert json.loads(path.read_text())["version"] == SCHEMA_VERSION
+    # From now on the file wins over the old table.
+    connection.execute("UPDATE settings SET value = '\"dark\"' WHERE key = 'theme'")
+    assert SettingsStore(path, connection).load().theme == "light"
+
+
+def test_unknown_and_wrong_values_keep_their_defaults(tmp_path: Path) -> None:
+    path = tmp_path / SETTINGS_NAME
+    path.write_text(json.dumps({
+        "format": SETTINGS_FORMAT, "version": SCHEMA_VERSION, "theme": "purple", "from_a_later_version": 1,
+        "panel_hz": 500, "engine": {"policy": "magic", "vram_budget_gb": -1, "link_gbps": "fast", "cache_ratio": 0.3},
+    }))
+    settings = SettingsStore(path).load()
+    assert settings.theme == "system" and settings.panel_hz == Settings().panel_hz
+    assert settings.engine == EngineOptions(cache_ratio=0.3)
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"format": "something else", "version": 1}), "[]"])
+def test_a_damaged_or_foreign_file_gives_the_defaults(tmp_path: Path, content: str) -> None:
+    path = tmp_path / SETTINGS_NAME
+    path.write_text(content)
+    assert SettingsStore(path).load() == Settings()
+
+
+def test_a_newer_file_still_gives_the_values_this_version_knows(tmp_path: Path) -> None:
+    path = tmp_path / SETTINGS_NAME
+    path.write_text(json.dumps({"format": SETTINGS_FORMAT, "version": SCHEMA_VERSION + 1, "theme": "dark"}))
+    assert SettingsStore(path).load().theme == "dark"
+
+
+def test_budget_sizes_the_cache_unless_the_policy_keeps_everything() -> None:
+    assert EngineOptions(vram_budget_gb=1.5).cache_size() == {"vram_budget_gb": 1.5}
+    assert EngineOptions(policy="full", vram_budget_gb=1.5).cache_size() == {"cache_ratio": 1.0}
+
+
+def test_the_settings_file_lives_with_a_chosen_data_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert config_dir(tmp_path / "profile") == tmp_path / "profile"
+    monkeypatch.setenv(CONFIG_DIR_ENV, str(tmp_path / "elsewhere"))
+    assert config_dir(tmp_path / "profile") == tmp_path / "elsewhere"
