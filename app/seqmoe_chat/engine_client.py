@@ -4,6 +4,7 @@ when the app quits."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
@@ -18,6 +19,7 @@ class EngineClient(QObject):
     sig_load_requested = Signal(int, str, object)
     sig_generate_requested = Signal(int, object, object)
     sig_unload_requested = Signal()
+    sig_reconfigure_requested = Signal(int, object)
     sig_shut_down_requested = Signal()
 
     def __init__(self, opener: EngineOpener = open_engine, parent: QObject | None = None) -> None:
@@ -34,9 +36,12 @@ class EngineClient(QObject):
         self.worker.sig_load_failed.connect(self._on_load_ended)
         self.worker.sig_load_cancelled.connect(self._on_load_ended)
         self.worker.sig_model_unloaded.connect(self._on_unloaded)
+        self.worker.sig_model_reconfigured.connect(self._on_reconfigured)
+        self.worker.sig_reconfigure_failed.connect(self._on_reconfigure_failed)
         self.sig_load_requested.connect(self.worker.load)
         self.sig_generate_requested.connect(self.worker.generate)
         self.sig_unload_requested.connect(self.worker.unload)
+        self.sig_reconfigure_requested.connect(self.worker.reconfigure)
         self.sig_shut_down_requested.connect(self.worker.shut_down)
         self._thread.start()
 
@@ -64,6 +69,13 @@ class EngineClient(QObject):
     def cancel(self, request_id: int) -> None:
         self.worker.cancel(request_id)
 
+    def reconfigure(self, options: EngineOptions) -> int:
+        """Resize the cache, or change its policy or link, after any running reply ends."""
+        request_id = next(self._ids)
+        # A copy: the settings go on changing on this thread.
+        self.sig_reconfigure_requested.emit(request_id, dataclasses.replace(options))
+        return request_id
+
     def unload(self) -> None:
         self.cancel_load()
         self.sig_unload_requested.emit()
@@ -85,6 +97,15 @@ class EngineClient(QObject):
     def _on_load_ended(self, request_id: int) -> None:
         if request_id == self.loading_id:
             self.loading_id = None
+
+    @Slot(int, object)
+    def _on_reconfigured(self, _request_id: int, info: ModelInfo) -> None:
+        if self.model is not None:
+            self.model = info
+
+    @Slot(int, str, object)
+    def _on_reconfigure_failed(self, request_id: int, _reason: str, info: ModelInfo) -> None:
+        self._on_reconfigured(request_id, info)
 
     @Slot()
     def _on_unloaded(self) -> None:

@@ -8,11 +8,14 @@ thread the first time a model loads, which keeps the window's start instant.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
@@ -22,6 +25,8 @@ from .token_text import TokenText
 
 if TYPE_CHECKING:
     from seqmoe import Engine
+    from seqmoe.budget import CacheGeometry
+    from seqmoe.events import Listener
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +47,12 @@ class ModelInfo:
     policy: str
     cache_slots: int
     total_experts: int
+    geometry: CacheGeometry | None = None
+    num_layers: int = 0
+    experts_per_layer: int = 0
+    link: str = ""  # "cuda" or "emulated"
+    link_gbps: float = 0.0  # the emulated link's speed
+    predictor_horizon: int | None = None  # MoE layers the policy forecasts ahead; None: it does not forecast
 
 
 @dataclass(frozen=True)
@@ -62,9 +73,9 @@ def open_engine(model: str, options: EngineOptions, on_progress: Progress) -> En
     from seqmoe.resources import demo_model_dir
 
     loaded = load_model(model or str(demo_model_dir()), device=options.device, on_progress=on_progress)
-    engine = Engine(loaded)
+    engine = Engine(loaded, link_gbps=options.link_gbps)
     try:
-        engine.configure(options.policy, cache_ratio=options.cache_ratio)
+        engine.configure(options.policy, **options.cache_size())
     except BaseException:
         engine.close()
         raise
@@ -72,6 +83,7 @@ def open_engine(model: str, options: EngineOptions, on_progress: Progress) -> En
 
 
 def model_info(engine: Engine) -> ModelInfo:
+    host = engine.loaded.host
     return ModelInfo(
         name=engine.loaded.path.name,
         path=str(engine.loaded.path),
@@ -80,7 +92,30 @@ def model_info(engine: Engine) -> ModelInfo:
         policy=engine.policy_name,
         cache_slots=engine.cache_slots,
         total_experts=engine.geometry.total_experts,
+        geometry=engine.geometry,
+        num_layers=host.num_layers,
+        experts_per_layer=host.layout.num_experts,
+        link=engine.link,
+        link_gbps=engine.link_gbps,
+        predictor_horizon=_predictor_horizon(engine),
     )
+
+
+def _predictor_horizon(engine: Engine) -> int | None:
+    """The engine has no horizon setting: the trained predictor fixes it, and without one the
+    seqmoe policy (like gate) forecasts with the next layer's router, one layer ahead."""
+    if engine.policy_name == "gate" or (engine.policy_name == "seqmoe" and engine.predictor_path is None):
+        return 1
+    if engine.policy_name == "seqmoe":
+        return _horizon_of(str(engine.predictor_path))
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def _horizon_of(predictor_path: str) -> int:
+    from seqmoe.predictor.model import load_predictor
+
+    return load_predictor(Path(predictor_path)).config.horizon
 
 
 def describe_error(error: BaseException) -> str:
@@ -104,6 +139,8 @@ class EngineWorker(QObject):
     sig_reply_streamed = Signal(int, str, int)  # request id, text so far, tokens so far
     sig_reply_finished = Signal(int, object)  # request id, ReplyResult
     sig_reply_failed = Signal(int, str, str)  # request id, reason, text so far
+    sig_model_reconfigured = Signal(int, object)  # request id, ModelInfo
+    sig_reconfigure_failed = Signal(int, str, object)  # request id, reason, ModelInfo as it is now
 
     def __init__(self, opener: EngineOpener = open_engine) -> None:
         super().__init__()
@@ -112,6 +149,24 @@ class EngineWorker(QObject):
         self._info: ModelInfo | None = None
         # Written by the GUI thread, read here; an int assignment is atomic.
         self._cancelled_through = 0
+        # Event listeners follow the engine across loads; the lock is held only to swap the
+        # engine or a listener, never while the engine works.
+        self._lock = threading.Lock()
+        self._listeners: list[Listener] = []
+
+    def watch_events(self, listener: Listener) -> None:
+        """Subscribe ``listener`` to the engine's events, now and for every model loaded later.
+        Safe from any thread, also while a reply is generated."""
+        with self._lock:
+            self._listeners.append(listener)
+            if self._engine is not None:
+                self._engine.events.subscribe(listener)
+
+    def unwatch_events(self, listener: Listener) -> None:
+        with self._lock:
+            self._listeners.remove(listener)
+            if self._engine is not None:
+                self._engine.events.unsubscribe(listener)
 
     def cancel(self, request_id: int) -> None:
         """Cancel ``request_id`` and every earlier request. Safe to call from any thread."""
@@ -146,8 +201,38 @@ class EngineWorker(QObject):
             engine.close()
             self.sig_load_cancelled.emit(request_id)
             return
-        self._engine, self._info = engine, model_info(engine)
+        with self._lock:
+            self._engine, self._info = engine, model_info(engine)
+            for listener in self._listeners:
+                engine.events.subscribe(listener)
         self.sig_model_loaded.emit(request_id, self._info)
+
+    @Slot(int, object)
+    def reconfigure(self, request_id: int, options: EngineOptions) -> None:
+        """Apply the policy, link speed and cache size of ``options`` to the loaded model without
+        reloading it: a resize keeps the cached experts; another policy or link rebuilds the cache.
+        Queued behind a running reply, so it takes effect between two generations."""
+        engine = self._engine
+        if engine is None:
+            return  # the options apply when a model is next loaded
+        before = (engine.policy_name, engine.link_gbps, engine.cache_slots)
+        try:
+            if (engine.policy_name, engine.link_gbps) != (options.policy, options.link_gbps):
+                engine.link_gbps = options.link_gbps
+                engine.configure(options.policy, **options.cache_size())
+            elif options.policy != "full":
+                engine.resize(**options.cache_size())
+        except Exception as error:  # the model stays usable with the configuration it had
+            if not _is_engine_error(error):
+                log.exception("reconfiguring the cache failed")
+            if (engine.policy_name, engine.link_gbps) != before[:2]:
+                engine.link_gbps = before[1]
+                engine.configure(before[0], cache_ratio=before[2] / engine.geometry.total_experts)
+            self._info = model_info(engine)
+            self.sig_reconfigure_failed.emit(request_id, describe_error(error), self._info)
+            return
+        self._info = model_info(engine)
+        self.sig_model_reconfigured.emit(request_id, self._info)
 
     @Slot(int, object, object)
     def generate(self, request_id: int, messages: Messages, sampling: SamplingSettings) -> None:
@@ -196,9 +281,13 @@ class EngineWorker(QObject):
         QThread.currentThread().quit()
 
     def _close(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = self._info = None
+        with self._lock:
+            engine, self._engine, self._info = self._engine, None, None
+            if engine is not None:
+                for listener in self._listeners:
+                    engine.events.unsubscribe(listener)
+        if engine is not None:
+            engine.close()
             # The model holds large tensors in reference cycles (modules and hooks).
             gc.collect()
 

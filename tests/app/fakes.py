@@ -12,6 +12,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from seqmoe import ModelRefused, SeqMoEError
+from seqmoe.budget import CacheGeometry
+from seqmoe.events import EventBus
 
 from seqmoe_chat.store import EngineOptions
 
@@ -92,12 +94,28 @@ class FakeEngine:
             path=Path("/models") / name,
             architecture="FakeMoeForCausalLM",
             config=SimpleNamespace(max_position_embeddings=4096),
+            host=SimpleNamespace(num_layers=2, layout=SimpleNamespace(num_experts=12)),
         )
         self.device = "cpu"
+        self.link = "emulated"
+        self.link_gbps = 25.0
         self.policy_name = "lru"
+        self.predictor_path = None
         self.cache_slots = 11
-        self.geometry = SimpleNamespace(total_experts=24)
+        self.geometry = CacheGeometry(total_experts=24, bytes_per_expert=2**20, resident_bytes=2**24, kv_bytes=2**22,
+                                      workspace_bytes=2**26, top_k=2)
+        self.events = EventBus()
         self.closed = False
+
+    def configure(self, policy: str = "lru", cache_ratio: float | None = None, vram_budget_gb: float | None = None) -> None:
+        self.policy_name = policy
+        self.resize(cache_ratio, vram_budget_gb)
+
+    def resize(self, cache_ratio: float | None = None, vram_budget_gb: float | None = None) -> None:
+        if vram_budget_gb is not None:
+            self.cache_slots = self.geometry.slots_for_budget(int(vram_budget_gb * 2**30))
+        else:
+            self.cache_slots = self.geometry.slots_for_ratio(1.0 if cache_ratio is None else cache_ratio)
 
     def encode_messages(self, messages: list[dict[str, str]]) -> list[int]:
         if not messages or messages[-1]["role"] != "user":
