@@ -1,7 +1,7 @@
 """Which files of a hub repository make up a model the engine can load, and their sizes.
 
-The engine's own download patterns decide (safetensors, JSON and tokenizer files), with
-two restrictions: only files at the top of the repository (``gpt-oss`` keeps a second copy
+The engine's download patterns decide (safetensors, JSON and tokenizer files), with two
+restrictions: only files at the top of the repository (``gpt-oss`` keeps a second copy
 of its weights in ``original/``), and, when the repository has a safetensors index, only
 the shards the index names (Mistral repositories also carry ``consolidated.safetensors``).
 """
@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 INDEX_FILE = "model.safetensors.index.json"
+DOWNLOAD_PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja")
+"""``seqmoe.loader.DOWNLOAD_PATTERNS`` (a test keeps them equal). Not imported from there:
+importing the engine loads PyTorch, and a download process must start in a blink."""
 
 
 @dataclass(frozen=True)
@@ -36,8 +39,6 @@ def remote_files(siblings: Iterable[Any]) -> dict[str, RemoteFile]:
 
 
 def is_wanted(path: str) -> bool:
-    from seqmoe.loader import DOWNLOAD_PATTERNS
-
     return "/" not in path and any(fnmatch.fnmatch(path, pattern) for pattern in DOWNLOAD_PATTERNS)
 
 

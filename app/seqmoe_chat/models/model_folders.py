@@ -1,0 +1,30 @@
+"""Where the model manager keeps models in the app's data folder.
+
+``models/<owner>--<name>/`` holds a finished, verified download; ``models/.partial/<owner>--<name>/``
+the files of one in progress (kept across cancels and restarts). A finished folder carries
+``.seqmoe-source.json`` saying which repository and commit it came from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SOURCE_FILE = ".seqmoe-source.json"
+SOURCE_FORMAT = "seqmoe-model-source"
+SOURCE_VERSION = 1
+
+
+def models_dir(data_dir: Path) -> Path:
+    return data_dir / "models"
+
+
+def folder_name(repo_id: str) -> str:
+    return repo_id.replace("/", "--")
+
+
+def target_dir(data_dir: Path, repo_id: str) -> Path:
+    return models_dir(data_dir) / folder_name(repo_id)
+
+
+def staging_dir(data_dir: Path, repo_id: str) -> Path:
+    return models_dir(data_dir) / ".partial" / folder_name(repo_id)

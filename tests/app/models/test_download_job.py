@@ -1,0 +1,66 @@
+"""The download child process on its own, run in this process against the stand-in hub."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from seqmoe_chat.models import download_job
+from seqmoe_chat.models.hub_errors import DISK_FULL, NO_WEIGHTS, HubRefusal
+from seqmoe_chat.models.model_folders import SOURCE_FILE
+
+from .conftest import TINY
+
+
+def events(stream: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_a_download_lands_verified_in_its_folder(hub, tmp_path: Path, tiny_repo: Path) -> None:
+    out = io.StringIO()
+    target = download_job.run(TINY, "main", tmp_path / "partial", tmp_path / "done", download_job.Reporter(out))
+    assert target == tmp_path / "done" and not (tmp_path / "partial").exists()
+    for name in ("config.json", "model.safetensors.index.json", "tokenizer.json"):
+        assert (target / name).read_bytes() == (tiny_repo / name).read_bytes()
+    shards = sorted(p.name for p in target.glob("*.safetensors"))
+    assert shards == sorted(p.name for p in tiny_repo.glob("*.safetensors")) and len(shards) >= 2
+    assert json.loads((target / SOURCE_FILE).read_text())["repo_id"] == TINY
+    kinds = [e["event"] for e in events(out)]
+    assert kinds[0] == "plan" and kinds[-1] == "verifying" and "progress" in kinds
+    plan = events(out)[0]
+    assert plan["total_bytes"] == sum(p.stat().st_size for p in tiny_repo.iterdir() if p.is_file())
+
+
+def test_too_little_disk_space_is_refused_before_any_weight(hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from seqmoe_chat.models import disk_space
+
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 1000})())
+    with pytest.raises(HubRefusal) as refused:
+        download_job.run(TINY, "main", tmp_path / "partial", tmp_path / "done", download_job.Reporter(io.StringIO()))
+    assert refused.value.kind == DISK_FULL and "not enough disk space" in str(refused.value)
+    assert not hub.file_requests(".safetensors")
+
+
+def test_the_download_patterns_are_the_loaders() -> None:
+    from seqmoe.loader import DOWNLOAD_PATTERNS
+
+    from seqmoe_chat.models.repo_files import DOWNLOAD_PATTERNS as APP_PATTERNS
+
+    assert list(APP_PATTERNS) == list(DOWNLOAD_PATTERNS)
+
+
+def test_only_top_level_files_and_the_indexed_shards_are_chosen() -> None:
+    from seqmoe_chat.models.repo_files import RemoteFile, download_set
+
+    files = {p: RemoteFile(p, 10) for p in (
+        "config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "consolidated.safetensors",
+        "original/model.safetensors", "pytorch_model.bin", "tokenizer.model", "README.md", "model.safetensors.index.json",
+    )}
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    assert [f.path for f in download_set(files, index)] == [
+        "config.json", "model.safetensors.index.json", "tokenizer.model",
+        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+    ]
