@@ -87,6 +87,9 @@ class ExpertCache:
         self.layer_seconds: float | None = None
         self._last_decode_layer_at: float | None = None
         self._last_snapshot_at = float("-inf")
+        self.link_load = 0.0
+        """Smoothed share of the link's time that decode copies ask for (above 1: more than it can carry)."""
+        self._copies_this_layer = 0
 
     @property
     def size(self) -> int:
@@ -193,8 +196,11 @@ class ExpertCache:
         """Replace the queued prefetches by the JSD schedule of ``forecasts``."""
         self._cancel_queued()
         best: dict[ExpertKey, Forecast] = {}
+        worth = self.worth_prefetching
         for forecast in forecasts:
             known = best.get(forecast.key)
+            if forecast.probability < worth:
+                continue
             if forecast.key not in self.pool.slot_of and (known is None or forecast.probability > known.probability):
                 best[forecast.key] = forecast
         if not best:
@@ -212,6 +218,18 @@ class ExpertCache:
         for job in schedule(jobs, room, demote_above=DEMOTE_ABOVE):
             if not self._prefetch(job.key):
                 break
+
+    @property
+    def worth_prefetching(self) -> float:
+        """The lowest probability a prefetch must have to be expected to pay for its link time.
+
+        A prefetch used with probability ``p`` saves one copy's stall; with ``1 - p`` it wastes
+        one copy's link time, which costs a stall as often as the link is in demand (its load
+        ``rho``, capped at 1). It pays when ``p > (1 - p) * rho``, i.e. ``p > rho / (1 + rho)``:
+        on an idle link any forecast is worth a copy, on a saturated one only the likelier half.
+        """
+        load = min(self.link_load, 1.0)
+        return load / (1.0 + load)
 
     def stream(self, layer: int, order: Sequence[int]) -> None:
         """Prefill: queue layer ``layer``'s experts in ``order`` while the layer before computes,
@@ -251,6 +269,7 @@ class ExpertCache:
                 self.pool.clear(job.slot)
                 self._prefetched.discard(key)
                 self.prefetches.cancelled += 1
+                self._copies_this_layer -= 1
                 if self.events.active:
                     self.events.emit(PrefetchCancelled(key))
             if job.state is not JobState.COPYING:
@@ -260,11 +279,15 @@ class ExpertCache:
         now = self.clock()
         if self._last_decode_layer_at is not None:
             sample = now - self._last_decode_layer_at
+            demand = self._copies_this_layer * self.copier.seconds_per_copy(self.host.layout.bytes_per_expert)
+            load = demand / sample if sample > 0 else 1.0
             if self.layer_seconds is None:
-                self.layer_seconds = sample
+                self.layer_seconds, self.link_load = sample, load
             else:
                 self.layer_seconds += LAYER_TIME_SMOOTHING * (sample - self.layer_seconds)
+                self.link_load += LAYER_TIME_SMOOTHING * (load - self.link_load)
         self._last_decode_layer_at = now
+        self._copies_this_layer = 0
 
     def end_of_generation(self) -> None:
         """The next decode layer does not follow this one in time."""
@@ -289,6 +312,7 @@ class ExpertCache:
         )
         self.pool.assign(slot, key, job)
         self.copier.submit(job, urgent=urgent)
+        self._copies_this_layer += 1
         return slot
 
     def _evict(self) -> int:

@@ -187,7 +187,7 @@ class Engine:
         if name == "gate":
             return GatePolicy(self._router_functions(), experts, top_k)
         if name == "seqmoe":
-            predictor = self._predictor()
+            predictor = self.predictor()
             if predictor is None:
                 prior = torch.full((layers, experts), top_k / experts)
                 return SeqMoEPolicy(self._gate_forecaster(), layers, prior)
@@ -207,7 +207,8 @@ class Engine:
         routers = self._router_functions()
         return lambda hidden, layer, routed: torch.softmax(routers[(layer + 1) % len(routers)](hidden).float(), dim=-1)
 
-    def _predictor(self) -> ExpertPredictor | None:
+    def predictor(self) -> ExpertPredictor | None:
+        """The trained predictor for this model (given, or found in the user cache or resources), if any."""
         if self.predictor_path is None:
             self.predictor_path = find_predictor(self.loaded)
         if self.predictor_path is None:

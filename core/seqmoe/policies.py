@@ -31,7 +31,8 @@ and among them the lowest ``p`` goes first, then the least recently used.
 from __future__ import annotations
 
 import bisect
-
+import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +41,8 @@ import torch
 from .transfer import ExpertKey
 
 POLICY_NAMES = ("full", "lru", "gate", "seqmoe", "oracle")
+PREDICTOR_BUDGET = 0.05
+"""The largest share of decode time the predictor may take (see ``SeqMoEPolicy``)."""
 NEAR = 0.5
 MIN_PROBABILITY = 1e-3
 
@@ -159,28 +162,82 @@ class BeladyPolicy(Policy):
 
 
 class SeqMoEPolicy(BeladyPolicy):
-    """The trained predictor's forecast, JSD-scheduled prefetches, modified-Belady eviction."""
+    """The trained predictor's forecast, JSD-scheduled prefetches, modified-Belady eviction.
+
+    The predictor may take at most ``PREDICTOR_BUDGET`` of the decode time. When one call
+    costs more than that share of a layer, it runs every ``stride``-th MoE layer only
+    (``stride`` at most its horizon), and the layers in between re-plan with what is left of
+    the last forecast. The stride is chosen from the measured cost of a call and the
+    measured time per layer, unless it is fixed.
+    """
 
     name = "seqmoe"
 
-    def __init__(self, predict: Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor], num_layers: int,
-                 prior: torch.Tensor, min_probability: float = 0.02) -> None:
+    def __init__(
+        self,
+        predict: Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor],
+        num_layers: int,
+        prior: torch.Tensor,
+        min_probability: float = 0.02,
+        stride: int | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         super().__init__(num_layers, prior)
         self.predict = predict
         self.min_probability = min_probability
+        self.fixed_stride = stride
+        self.clock = clock
+        self.calls = 0
+        self.predict_seconds = 0.0
+        self._call_seconds: float | None = None
+        self._layer_seconds: float | None = None
+        self._last_forecast_at: tuple[int, float] | None = None
+        self._made: list[Forecast] = []
+        self._made_at = -(10**9)
+        self._targets: list[int] = []
+        """The target layer of each horizon of the last call."""
+
+    @property
+    def stride(self) -> int:
+        if self.fixed_stride is not None:
+            return self.fixed_stride
+        if self._call_seconds is None or not self._layer_seconds:
+            return 1
+        horizon = max(len(self._targets), 1)
+        needed = math.ceil(self._call_seconds / (PREDICTOR_BUDGET * self._layer_seconds))
+        return max(1, min(needed, horizon))
 
     def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
+        now = self.clock()
+        if self._last_forecast_at is not None and self._last_forecast_at[0] == self._clock - 1:
+            self._layer_seconds = _smoothed(self._layer_seconds, now - self._last_forecast_at[1])
+        self._last_forecast_at = (self._clock, now)
+        elapsed = self._clock - self._made_at
+        if elapsed >= self.stride:
+            self._made = self._call(layer, hidden, routed)
+            self._made_at, elapsed = self._clock, 0
+        forecasts = [Forecast(f.key, f.probability, f.horizon - elapsed) for f in self._made if f.horizon > elapsed]
+        self.remember(forecasts, set(self._targets[elapsed:]))
+        return forecasts
+
+    def _call(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> list[Forecast]:
+        start = self.clock()
         probs = self.predict(hidden.reshape(-1), layer, routed.reshape(-1)).float().cpu()
-        horizon, _ = probs.shape
-        targets = [(layer + h) % self.num_layers for h in range(1, horizon + 1)]
-        forecasts = [
-            Forecast((target, expert), p, h + 1)
-            for h, target in enumerate(targets)
-            for expert, p in enumerate(probs[h].tolist())
+        seconds = self.clock() - start
+        self.calls += 1
+        self.predict_seconds += seconds
+        self._call_seconds = _smoothed(self._call_seconds, seconds)
+        self._targets = [(layer + h) % self.num_layers for h in range(1, probs.shape[0] + 1)]
+        return [
+            Forecast(((layer + h + 1) % self.num_layers, expert), p, h + 1)
+            for h, row in enumerate(probs.tolist())
+            for expert, p in enumerate(row)
             if p >= self.min_probability
         ]
-        self.remember(forecasts, set(targets))
-        return forecasts
+
+
+def _smoothed(average: float | None, sample: float, alpha: float = 0.2) -> float:
+    return sample if average is None else average + alpha * (sample - average)
 
 
 class OraclePolicy(BeladyPolicy):

@@ -194,17 +194,38 @@ class SimulationResult:
         }
 
 
-def decode_accesses(traces: Traces) -> list[tuple[int, int, frozenset[int]]]:
-    """(token, layer, experts) of every decode-phase position, in execution order."""
-    tokens = traces.decode.nonzero().squeeze(1).tolist()
+@dataclass(frozen=True)
+class Step:
+    """One cache access as the engine makes it: a layer (or a group of its experts, when a
+    prefill chunk needs more than the cache holds) of one prefill chunk or decode token."""
+
+    layer: int
+    experts: tuple[int, ...]
+    token: int | None
+    """The decode token, or ``None`` in prefill."""
+    streams_next: bool
+    """The last group of a prefill layer: the next layer is streamed while it computes."""
+
+
+def replay_steps(traces: Traces, slots: int) -> list[Step]:
+    """Every cache access of the recorded run, in execution order: each document's prefill
+    chunks (as ``trace_document`` ran them), then its decode tokens."""
     layers = traces.experts.shape[1]
-    return [(t, l, frozenset(traces.experts[t, l].tolist())) for t in tokens for l in range(layers)]
-
-
-def prefill_chunks(traces: Traces, document: int) -> list[list[int]]:
-    """The prefill tokens of ``document`` in the chunks ``trace_document`` ran them in."""
-    tokens = ((traces.document == document) & (traces.decode == 0)).nonzero().squeeze(1).tolist()
-    return [tokens[i : i + PREFILL_CHUNK] for i in range(0, len(tokens), PREFILL_CHUNK)]
+    steps = []
+    for document in traces.document.unique().tolist():
+        in_document = traces.document == document
+        prefill = (in_document & (traces.decode == 0)).nonzero().squeeze(1).tolist()
+        for begin in range(0, len(prefill), PREFILL_CHUNK):
+            chunk = prefill[begin : begin + PREFILL_CHUNK]
+            for layer in range(layers):
+                needed = sorted(set(traces.experts[chunk, layer].reshape(-1).tolist()))
+                for start in range(0, len(needed), slots):
+                    last = start + slots >= len(needed) and layer + 1 < layers
+                    steps.append(Step(layer, tuple(needed[start : start + slots]), None, last))
+        for token in (in_document & (traces.decode == 1)).nonzero().squeeze(1).tolist():
+            for layer in range(layers):
+                steps.append(Step(layer, tuple(sorted(traces.experts[token, layer].tolist())), token, False))
+    return steps
 
 
 def simulate(
@@ -222,61 +243,60 @@ def simulate(
     slots = max(round(cache_ratio * host.total_experts), traces.experts.shape[2] + 1)
     clock = VirtualClock()
     copier = SimulatedCopier(clock, hardware.link_latency_s + shape.expert_bytes / hardware.link_bytes_per_s, shape.expert_bytes)
-    accesses = decode_accesses(traces)
-    policy = _policy(policy_name, traces, accesses, predictor)
+    steps = replay_steps(traces, slots)
+    policy = _policy(policy_name, traces, steps, predictor)
     cache = ExpertCache(host, slots, torch.device("cpu"), copier, policy, EventBus(), clock=clock)
     layer_seconds = shape.layer_bytes / hardware.memory_bytes_per_s
     decode_seconds = 0.0
-    for document in traces.document.unique().tolist():
-        cache.end_of_generation()
-        for chunk in prefill_chunks(traces, document):
-            for layer in range(layers):
-                needed = sorted(set(traces.experts[chunk, layer].reshape(-1).tolist()))
-                for start in range(0, len(needed), slots):
-                    group = needed[start : start + slots]
-                    held = cache.acquire(layer, group, prefill=True)
-                    if policy.streams_prefill and start + slots >= len(needed) and layer + 1 < layers:
-                        cache.stream(layer + 1, policy.stream_order(layer + 1))
-                    clock.now += (shape.attention_bytes + len(group) * shape.expert_bytes) / hardware.memory_bytes_per_s
-                    cache.release(held)
-        began = clock.now
-        for token in ((traces.document == document) & (traces.decode == 1)).nonzero().squeeze(1).tolist():
-            for layer in range(layers):
-                needed = sorted(traces.experts[token, layer].tolist())
-                held = cache.acquire(layer, needed, prefill=False)
-                forecasts = policy.forecast(layer, traces.hidden[token, layer].float(), torch.tensor(needed))
-                if forecasts:
-                    cache.plan(forecasts)
-                clock.now += layer_seconds
-                cache.release(held)
-        decode_seconds += clock.now - began
-    decode = cache.phases["decode"]
+    decode_layers = decode_bytes = 0
+    previous: Step | None = None
+    for step in steps:
+        if previous is not None and previous.token is not None and step.token is None:
+            cache.end_of_generation()  # a new document begins
+        previous = step
+        decode = step.token is not None
+        began, copied = clock.now, copier.bytes_copied
+        held = cache.acquire(step.layer, step.experts, prefill=not decode)
+        if decode:
+            forecasts = policy.forecast(step.layer, traces.hidden[step.token, step.layer].float(), torch.tensor(step.experts))
+            if forecasts:
+                cache.plan(forecasts)
+            clock.now += layer_seconds
+            decode_seconds += clock.now - began
+            decode_bytes += copier.bytes_copied - copied
+            decode_layers += 1
+        else:
+            if policy.streams_prefill and step.streams_next:
+                cache.stream(step.layer + 1, policy.stream_order(step.layer + 1))
+            clock.now += (shape.attention_bytes + len(step.experts) * shape.expert_bytes) / hardware.memory_bytes_per_s
+        cache.release(held)
+    counters = cache.phases["decode"]
     return SimulationResult(
         policy=policy_name,
         cache_ratio=cache_ratio,
         cache_slots=slots,
-        decode_tokens=len(accesses) // layers,
+        decode_tokens=decode_layers // layers,
         seconds=decode_seconds,
-        full_seconds=len(accesses) * layer_seconds,
-        hits=decode.hits,
-        misses=decode.misses,
+        full_seconds=decode_layers * layer_seconds,
+        hits=counters.hits,
+        misses=counters.misses,
         stall_seconds=copier.stall_seconds("decode"),
-        h2d_bytes=copier.bytes_copied,
+        h2d_bytes=decode_bytes,
         prefetch_issued=cache.prefetches.copied,
         prefetch_unused=cache.prefetches.unused,
     )
 
 
-def _policy(name: str, traces: Traces, accesses: list, predictor: ExpertPredictor | None) -> Policy:
+def _policy(name: str, traces: Traces, steps: list[Step], predictor: ExpertPredictor | None) -> Policy:
     layers, experts = traces.experts.shape[1], traces.probs.shape[-1]
     if name == "lru":
         return LRUPolicy(experts)
     if name == "oracle":
-        return OraclePolicy([(layer, chosen) for _, layer, chosen in accesses], layers, experts, horizon=4)
+        return OraclePolicy([(step.layer, frozenset(step.experts)) for step in steps], layers, experts, horizon=4)
     if name == "seqmoe":
         if predictor is None:
             raise ValueError("the seqmoe policy needs a predictor")
         prior = (torch.tensor(predictor.config.frequency) * predictor.config.top_k).clamp(max=1.0)
         predict: Callable = predictor.predict
-        return SeqMoEPolicy(predict, layers, prior)
+        return SeqMoEPolicy(predict, layers, prior, stride=1)  # virtual time: the predictor costs nothing
     raise ValueError(f"the simulator replays lru, seqmoe and oracle, not {name!r}")

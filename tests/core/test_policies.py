@@ -113,3 +113,47 @@ def test_no_expert_in_use_is_ever_evicted_under_random_forecasts(size: int) -> N
     # With two slots both are pinned by the running layer: there is never room to prefetch.
     assert (cache.prefetches.issued > 0) == (size > 2)
     cache.copier.close()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_expensive_predictor_runs_every_few_layers_within_its_budget() -> None:
+    clock = _Clock()
+    horizon = 3
+
+    def predict(hidden: torch.Tensor, layer: int, routed: torch.Tensor) -> torch.Tensor:
+        clock.now += 1.0  # one call costs 1; a layer 10: stride ceil(1 / (0.05 * 10)) = 2
+        return torch.full((horizon, EXPERTS), 0.5)
+
+    policy = SeqMoEPolicy(predict, LAYERS, torch.full((LAYERS, EXPERTS), 0.3), clock=clock)
+    seen = []
+    for step in range(24):
+        layer = step % LAYERS
+        policy.observe(layer, [0])
+        calls = policy.calls
+        forecasts = policy.forecast(layer, torch.zeros(4), torch.tensor([0]))
+        seen.append((layer, policy.calls > calls, forecasts))
+        clock.now += 10.0
+    assert policy.stride == 2
+    called = [made for _, made, _ in seen[-8:]]
+    assert called.count(True) == 4, "every other layer once the costs are measured"
+    for layer, made, forecasts in seen[-8:]:
+        # A reused forecast has lost the layer that just ran: it starts at the next layer.
+        assert min(f.horizon for f in forecasts) == 1
+        assert {f.key[0] for f in forecasts if f.horizon == 1} == {(layer + 1) % LAYERS}
+        assert max(f.horizon for f in forecasts) == (horizon if made else horizon - 1)
+
+
+def test_a_cheap_predictor_runs_at_every_layer() -> None:
+    policy = SeqMoEPolicy(lambda h, l, r: torch.full((2, EXPERTS), 0.5), LAYERS, torch.full((LAYERS, EXPERTS), 0.3))
+    for step in range(12):
+        policy.observe(step % LAYERS, [0])
+        policy.forecast(step % LAYERS, torch.zeros(4), torch.tensor([0]))
+        time.sleep(0.01)
+    assert policy.stride == 1 and policy.calls == 12

@@ -17,7 +17,6 @@ Methods (all forecast at position p, layer l, for target layer j = (l + h) mod L
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
@@ -112,19 +111,3 @@ def previous_token_scorer(frequency: torch.Tensor, positions: Positions) -> Scor
         return scores + bonus * known.unsqueeze(-1)
 
     return score
-
-
-def predictor_cost(predictor: ExpertPredictor, runs: int = 200) -> float:
-    """Median seconds of one forecast (one token at one layer) on the predictor's device."""
-    device = next(predictor.parameters()).device
-    cfg = predictor.config
-    hidden = torch.randn(cfg.hidden_size, device=device)
-    routed = torch.arange(cfg.top_k, device=device)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        predictor.predict(hidden, 0, routed)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
