@@ -61,7 +61,7 @@ def entry_text(command: list[str]) -> str:
         [
             "[Desktop Entry]",
             "Type=Application",
-            "Version=1.5",
+            "Version=1.4",
             f"Name={APP_TITLE}",
             "GenericName=Local AI Chat",
             "Comment=Chat with Mixture-of-Experts language models on your own computer",
@@ -147,12 +147,16 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def _refresh_caches(home: Path) -> None:
-    """Update the desktop's caches with their tools where those exist; missing or failing ones don't matter,
-    as menus also notice the files themselves."""
-    _run_quietly("update-desktop-database", "--quiet", str(home / "applications"))
+    """Refresh the desktop's caches of these folders with their tools, where both exist.
+
+    A cache is refreshed but never created (as xdg-icon-resource does): without one, menus
+    and GTK read the folders themselves, and a cache made here would go stale when another
+    app adds its files without the tools. A missing or failing tool changes nothing.
+    """
+    applications = home / "applications"
+    if (applications / "mimeinfo.cache").exists():
+        _run_quietly("update-desktop-database", "--quiet", str(applications))
     hicolor = home / "icons" / "hicolor"
-    # Without a cache GTK reads the icon folders directly, so a cache is refreshed but never created
-    # (as xdg-icon-resource does): a new one would go stale when another app adds an icon.
     if (hicolor / "icon-theme.cache").exists():
         _run_quietly("gtk-update-icon-cache", "--quiet", "--ignore-theme-index", str(hicolor))
 

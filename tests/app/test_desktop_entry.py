@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import configparser
 import os
+import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -91,6 +93,14 @@ def test_install_writes_a_valid_entry_and_every_icon(xdg: Path, capsys: pytest.C
     assert (hicolor / "scalable" / "apps" / f"{APP_ID}.svg").read_bytes() == icon_svg().read_bytes()
 
 
+@pytest.mark.skipif(shutil.which("desktop-file-validate") is None, reason="needs desktop-file-utils")
+def test_entry_passes_desktop_file_validate(tmp_path: Path) -> None:
+    entry = tmp_path / f"{APP_ID}.desktop"
+    entry.write_text(desktop_entry.entry_text(desktop_entry.launcher_command()), encoding="utf-8")
+    result = subprocess.run(["desktop-file-validate", str(entry)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout
+
+
 def test_uninstall_removes_exactly_what_was_installed(xdg: Path) -> None:
     others = {
         xdg / "applications" / "other.desktop": b"[Desktop Entry]\nName=Other\n",
@@ -112,15 +122,19 @@ def test_uninstall_removes_exactly_what_was_installed(xdg: Path) -> None:
     assert main(["--uninstall-desktop-entry"]) == 0  # a second time: nothing left to remove, no error
 
 
-def test_cache_tools_run_when_present_and_only_existing_icon_caches_are_refreshed(xdg: Path, tmp_path: Path) -> None:
+def test_only_existing_caches_are_refreshed(xdg: Path, tmp_path: Path) -> None:
+    log = tmp_path / "tools.log"
     desktop_entry.install(xdg)
-    log = (tmp_path / "tools.log").read_text().splitlines()
-    assert log == [f"update-desktop-database --quiet {xdg / 'applications'}"]
+    assert not log.exists()
+    assert not (xdg / "applications" / "mimeinfo.cache").exists()
 
+    (xdg / "applications" / "mimeinfo.cache").write_bytes(b"")
     (xdg / "icons" / "hicolor" / "icon-theme.cache").write_bytes(b"")
     desktop_entry.uninstall(xdg)
-    log = (tmp_path / "tools.log").read_text().splitlines()
-    assert log[-1] == f"gtk-update-icon-cache --quiet --ignore-theme-index {xdg / 'icons' / 'hicolor'}"
+    assert log.read_text().splitlines() == [
+        f"update-desktop-database --quiet {xdg / 'applications'}",
+        f"gtk-update-icon-cache --quiet --ignore-theme-index {xdg / 'icons' / 'hicolor'}",
+    ]
 
 
 def test_missing_or_failing_cache_tools_do_not_fail(xdg: Path, tmp_path: Path, monkeypatch) -> None:
@@ -129,6 +143,7 @@ def test_missing_or_failing_cache_tools_do_not_fail(xdg: Path, tmp_path: Path, m
     for tool in TOOLS:
         (tmp_path / "bin" / tool).write_text("#!/bin/sh\nexit 3\n")
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    (xdg / "applications" / "mimeinfo.cache").write_bytes(b"")
     (xdg / "icons" / "hicolor" / "icon-theme.cache").write_bytes(b"")
     assert main(["--uninstall-desktop-entry"]) == 0
     assert not desktop_entry.desktop_file(xdg).exists()
