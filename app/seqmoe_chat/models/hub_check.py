@@ -9,6 +9,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 from .hub_errors import INVALID, NO_WEIGHTS, UNSUPPORTED, HubRefusal, describe
 from .model_shape import ModelShape, shape_of_skeleton
@@ -48,7 +49,7 @@ def parse_reference(text: str) -> HubReference:
     text = text.strip()
     match = _HUB_URL.match(text)
     if match:
-        repo_id, revision = match["repo"], match["revision"] or "main"
+        repo_id, revision = match["repo"], unquote(match["revision"] or "main")
     else:
         repo_id, revision = text, "main"
     if not _REPO_ID.match(repo_id) or ".." in repo_id:

@@ -67,10 +67,34 @@ def remote_code_repo(tiny_repo: Path, tmp_path_factory: pytest.TempPathFactory) 
     return folder
 
 
+@pytest.fixture(autouse=True)
+def hf_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """huggingface_hub's home (cache and token store) and the user cache (predictors) in
+    ``tmp_path``, here and in child processes: the user's own are never read or written."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import _cache_manager
+
+    home = tmp_path / "hf-home"
+    settings = {
+        "HF_HOME": str(home), "HF_TOKEN_PATH": str(home / "token"), "HF_HUB_CACHE": str(home / "hub"),
+        "HF_HUB_DISABLE_TELEMETRY": "1", "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    }
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    # huggingface_hub read its environment when it was imported: tell this process too.
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(home / "stored_tokens"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(_cache_manager, "HF_HUB_CACHE", str(home / "hub"))  # scan_cache_dir's default
+    return home
+
+
 @pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_repo: Path, dense_repo: Path, remote_code_repo: Path):
-    """The stand-in hub with the test repositories; huggingface_hub's endpoint, offline flag,
-    home (cache and token store) point at it and at ``tmp_path``, here and in child processes."""
+def hub(monkeypatch: pytest.MonkeyPatch, hf_home: Path, tiny_repo: Path, dense_repo: Path, remote_code_repo: Path):
+    """The stand-in hub with the test repositories, reached by huggingface_hub here and in
+    child processes (``HF_ENDPOINT``), online."""
     from huggingface_hub import constants, hf_api
 
     fake = FakeHub()
@@ -79,23 +103,11 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_repo: Path, dense_
     fake.add(DENSE, dense_repo)
     fake.add(REMOTE_CODE, remote_code_repo)
     url = fake.start()
-    home = tmp_path / "hf-home"
-    token_path = home / "token"
-    settings = {
-        "HF_ENDPOINT": url, "HF_HUB_OFFLINE": "0", "HF_HOME": str(home), "HF_TOKEN_PATH": str(token_path),
-        "HF_HUB_CACHE": str(home / "hub"), "HF_HUB_DISABLE_TELEMETRY": "1", "XDG_CACHE_HOME": str(tmp_path / "cache"),
-    }
-    for name, value in settings.items():
-        monkeypatch.setenv(name, value)
-    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    # huggingface_hub read its environment when it was imported: tell this process too.
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setattr(constants, "ENDPOINT", url)
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(token_path))
-    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(home / "stored_tokens"))
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
     monkeypatch.setattr(hf_api.api, "endpoint", url)  # the instance behind huggingface_hub.whoami and friends
     yield fake
     fake.stop()

@@ -1,0 +1,91 @@
+"""Calibration of a model's predictor as a child process (``seqmoe calibrate --model PATH``):
+it reads the progress the command prints, and Cancel stops it at once. One at a time: it
+uses every core."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .child_process import STDERR, ChildProcess
+
+CALIBRATE_COMMAND = (sys.executable, "-m", "seqmoe", "calibrate")
+_PROGRESS = re.compile(r"^(?P<stage>.*?):\s*(?P<percent>\d+)%\|")  # a tqdm line: "Stage:  42%|####  | 42/100 ..."
+_ERROR = "seqmoe: error: "
+
+RUNNING = "running"
+DONE = "done"
+FAILED = "failed"
+CANCELLED = "cancelled"
+
+
+@dataclass
+class CalibrationStatus:
+    model: Path
+    state: str = RUNNING
+    stage: str = "Starting"
+    fraction: float = 0.0
+    message: str = ""
+
+
+class CalibrationRunner:
+    def __init__(self, command: Sequence[str] = CALIBRATE_COMMAND, extra_args: Sequence[str] = ()) -> None:
+        self.command = [*command]
+        self.extra_args = [*extra_args]
+        self.status: CalibrationStatus | None = None
+        self._child: ChildProcess | None = None
+        self._last_line = ""
+
+    @property
+    def busy(self) -> bool:
+        return self._child is not None
+
+    def start(self, model: Path) -> CalibrationStatus:
+        if self._child is not None and self.status is not None:
+            raise RuntimeError(f"{self.status.model.name} is being calibrated; wait for it or cancel it")
+        self.status = CalibrationStatus(model)
+        self._last_line = ""
+        try:
+            self._child = ChildProcess([*self.command, "--model", str(model), *self.extra_args])
+        except OSError as error:
+            self.status.state, self.status.message = FAILED, f"calibration could not start: {error.strerror or error}"
+        return self.status
+
+    def cancel(self) -> None:
+        if self._child is not None and self.status is not None:
+            self._child.terminate()
+            self._child = None
+            self.status.state, self.status.message = CANCELLED, "Calibration cancelled; nothing was saved"
+
+    def shut_down(self) -> None:
+        self.cancel()
+
+    def poll(self) -> bool:
+        """Read the child's progress; True when the status changed."""
+        if self._child is None or self.status is None:
+            return False
+        changed = False
+        for stream, line in self._child.drain():
+            if stream != STDERR or not line.strip():
+                continue
+            self._last_line = line.strip()
+            progress = _PROGRESS.match(self._last_line)
+            if progress:
+                self.status.stage = progress["stage"].strip()
+                self.status.fraction = int(progress["percent"]) / 100
+                changed = True
+        code = self._child.exit_code()
+        if code is None:
+            return changed
+        self._child = None
+        if code == 0:
+            self.status.state, self.status.fraction = DONE, 1.0
+            self.status.message = self._last_line or "Calibrated"
+        else:
+            self.status.state = FAILED
+            reason = self._last_line.removeprefix(_ERROR) if self._last_line else f"exit status {code}"
+            self.status.message = f"Calibration failed: {reason}"
+        return True

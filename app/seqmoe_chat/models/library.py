@@ -1,0 +1,165 @@
+"""The models on this computer: those the app downloaded, those already in the Hugging Face
+cache, folders imported by hand, and the bundled demo model; their size on disk, deleting
+them and importing a folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from .json_file import StoredFileError, read_json, write_json
+from .model_folders import SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION, models_dir
+
+LIBRARY_FILE = "library.json"
+LIBRARY_FORMAT = "seqmoe-chat-library"
+LIBRARY_VERSION = 1
+
+DOWNLOADED = "downloaded"
+HUB_CACHE = "Hugging Face cache"
+IMPORTED = "imported"
+BUNDLED = "bundled"
+
+
+class LibraryError(Exception):
+    """A library operation that cannot be done; the message says why."""
+
+
+@dataclass(frozen=True)
+class LibraryModel:
+    name: str
+    path: Path
+    source: str
+    size_bytes: int
+    repo_id: str = ""
+    revision: str = ""  # the commit of a Hugging Face cache snapshot
+
+
+class Library:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.notice = ""
+        self._file = data_dir / LIBRARY_FILE
+        try:
+            stored = read_json(self._file, LIBRARY_FORMAT, LIBRARY_VERSION) or {}
+        except StoredFileError as error:
+            self.notice = f"The list of imported folders was reset: {error}"
+            stored = {}
+        self.imported = [Path(p) for p in stored.get("imported", []) if isinstance(p, str)]
+
+    def models(self, include_hub_cache: bool = True) -> list[LibraryModel]:
+        from seqmoe.resources import demo_model_dir
+
+        found = [*self._downloaded(), *(self._hub_cache() if include_hub_cache else [])]
+        found += [LibraryModel(p.name, p, IMPORTED, _size(p)) for p in self.imported]
+        demo = demo_model_dir()
+        if (demo / "config.json").is_file():
+            found.append(LibraryModel("SeqMoE demo", demo, BUNDLED, _size(demo)))
+        return found
+
+    def import_folder(self, folder: Path) -> LibraryModel:
+        """Add a model folder after the engine loader's checks; raises ``seqmoe.ModelRefused``."""
+        from .folder_check import check_model_folder
+
+        folder = folder.expanduser().resolve()
+        if folder in self.imported or folder.parent == models_dir(self.data_dir):
+            raise LibraryError(f"{folder} is already in the library")
+        check_model_folder(folder)
+        self.imported.append(folder)
+        self._save()
+        return LibraryModel(folder.name, folder, IMPORTED, _size(folder))
+
+    def delete(self, model: LibraryModel) -> None:
+        """Delete a downloaded model or a Hugging Face cache snapshot; an imported folder is only
+        taken off the list (its files are the person's own)."""
+        if model.source == BUNDLED:
+            raise LibraryError("the bundled demo model is part of the app and cannot be deleted")
+        if model.source == IMPORTED:
+            self.imported = [p for p in self.imported if p != model.path]
+            self._save()
+            return
+        try:
+            if model.source == HUB_CACHE:
+                from huggingface_hub import scan_cache_dir
+
+                scan_cache_dir().delete_revisions(model.revision).execute()
+            else:
+                shutil.rmtree(model.path)
+        except OSError as error:
+            raise LibraryError(f"{model.path} could not be deleted: {error.strerror or error}") from None
+
+    def _downloaded(self) -> list[LibraryModel]:
+        root = models_dir(self.data_dir)
+        if not root.is_dir():
+            return []
+        found = []
+        for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            repo_id = _source_repo(folder)
+            found.append(LibraryModel(repo_id or folder.name, folder, DOWNLOADED, _size(folder), repo_id))
+        return found
+
+    def _hub_cache(self) -> list[LibraryModel]:
+        from huggingface_hub import scan_cache_dir
+        from huggingface_hub.errors import CacheNotFound, CorruptedCacheException
+
+        try:
+            cache = scan_cache_dir()
+        except CacheNotFound:
+            return []
+        except CorruptedCacheException as error:
+            self.notice = f"The Hugging Face cache could not be read: {error}"
+            return []
+        found = []
+        for repo in sorted(cache.repos, key=lambda r: r.repo_id):
+            revisions = [r for r in repo.revisions if repo.repo_type == "model" and _looks_like_moe(r.snapshot_path)]
+            for revision in revisions:
+                name = repo.repo_id if len(revisions) == 1 else f"{repo.repo_id} ({revision.commit_hash[:8]})"
+                found.append(LibraryModel(name, revision.snapshot_path, HUB_CACHE, revision.size_on_disk,
+                                          repo.repo_id, revision.commit_hash))
+        return found
+
+    def _save(self) -> None:
+        try:
+            write_json(self._file, LIBRARY_FORMAT, LIBRARY_VERSION, {"imported": [str(p) for p in self.imported]})
+        except OSError as error:
+            raise LibraryError(f"the library list could not be saved: {error.strerror or error}") from None
+
+
+def _source_repo(folder: Path) -> str:
+    try:
+        source = read_json(folder / SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION) or {}
+    except StoredFileError:
+        return ""
+    return str(source.get("repo_id", ""))
+
+
+def _looks_like_moe(snapshot: Path) -> bool:
+    """A cached snapshot with weights whose config mentions experts; the loader decides the rest."""
+    try:
+        config = json.loads((snapshot / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    has_weights = any(snapshot.glob("*.safetensors"))
+    return has_weights and isinstance(config, dict) and any("expert" in key for key in _flat_keys(config))
+
+
+def _flat_keys(config: dict) -> list[str]:
+    """Keys of the config and of its nested configs (multimodal models keep the text model's apart)."""
+    keys = list(config)
+    for value in config.values():
+        if isinstance(value, dict):
+            keys += _flat_keys(value)
+    return keys
+
+
+def _size(folder: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_size
+            except OSError:
+                pass  # a file removed while counting
+    return total

@@ -1,0 +1,81 @@
+"""A hub id or address is checked from its config.json alone before a download is offered."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from seqmoe_chat.models.hub_check import HubReference, check_repo, parse_reference, save_token
+from seqmoe_chat.models.hub_errors import GATED, INVALID, NOT_FOUND, OFFLINE, UNSUPPORTED, HubRefusal
+
+from .conftest import DENSE, GATED as GATED_REPO
+from .conftest import REMOTE_CODE, TINY
+from .hub_server import TOKEN
+
+
+@pytest.mark.parametrize(("text", "repo_id", "revision"), [
+    ("allenai/OLMoE-1B-7B-0924-Instruct", "allenai/OLMoE-1B-7B-0924-Instruct", "main"),
+    ("  https://huggingface.co/Qwen/Qwen3-30B-A3B-Instruct-2507  ", "Qwen/Qwen3-30B-A3B-Instruct-2507", "main"),
+    ("https://huggingface.co/openai/gpt-oss-20b/tree/refs%2Fpr%2F3", "openai/gpt-oss-20b", "refs/pr/3"),
+    ("hf.co/ibm-granite/granite-3.1-3b-a800m-instruct/blob/v1/config.json", "ibm-granite/granite-3.1-3b-a800m-instruct", "v1"),
+    ("https://huggingface.co/mistralai/Mixtral-8x7B-Instruct-v0.1?library=transformers", "mistralai/Mixtral-8x7B-Instruct-v0.1", "main"),
+])
+def test_hub_ids_and_addresses_are_understood(text: str, repo_id: str, revision: str) -> None:
+    assert parse_reference(text) == HubReference(repo_id, revision)
+
+
+@pytest.mark.parametrize("text", ["", "just-a-name", "https://example.com/a/b", "../../etc/passwd", "a/b/c d"])
+def test_anything_else_is_refused_with_a_reason(text: str) -> None:
+    with pytest.raises(HubRefusal) as refused:
+        parse_reference(text)
+    assert refused.value.kind == INVALID and "not a hub id" in str(refused.value)
+
+
+def test_a_supported_model_is_described_without_fetching_weights(hub, tiny_repo: Path) -> None:
+    model = check_repo(HubReference(TINY))
+    assert model.architecture == "Qwen3MoeForCausalLM" and model.license == "apache-2.0" and model.gated is False
+    shape = model.shape
+    assert (shape.moe_layers, shape.experts_per_layer, shape.top_k) == (2, 8, 2)
+    assert shape.bytes_per_expert == 3 * 64 * 64 * 4  # gate, up and down of 64 x 64, float32
+    assert model.download_bytes == sum(p.stat().st_size for p in tiny_repo.iterdir())
+    assert not hub.file_requests(".safetensors")
+
+
+@pytest.mark.parametrize(("repo_id", "words"), [
+    (DENSE, "not a Mixture-of-Experts model"),
+    (REMOTE_CODE, "needs its own remote code"),
+])
+def test_an_unsupported_model_is_refused_before_any_weight_is_requested(hub, repo_id: str, words: str) -> None:
+    with pytest.raises(HubRefusal) as refused:
+        check_repo(HubReference(repo_id))
+    assert refused.value.kind == UNSUPPORTED and words in str(refused.value)
+    assert {r.path.rsplit("/", 1)[-1] for r in hub.file_requests()} <= {"config.json", "tokenizer_config.json"}
+
+
+def test_a_gated_model_asks_for_a_token_and_opens_with_one(hub, tmp_path: Path) -> None:
+    with pytest.raises(HubRefusal) as refused:
+        check_repo(HubReference(GATED_REPO))
+    assert refused.value.kind == GATED and "accept its licence" in str(refused.value) and GATED_REPO in str(refused.value)
+    with pytest.raises(HubRefusal) as bad:
+        save_token("hf_not_the_token")
+    assert bad.value.kind == INVALID and "refused this token" in str(bad.value)
+    assert not (tmp_path / "hf-home" / "token").exists()
+    save_token(TOKEN)
+    assert check_repo(HubReference(GATED_REPO)).architecture == "Qwen3MoeForCausalLM"
+
+
+def test_unknown_repositories_and_revisions(hub) -> None:
+    with pytest.raises(HubRefusal) as missing:
+        check_repo(HubReference("seqmoe-tests/no-such-model"))
+    assert missing.value.kind == NOT_FOUND and "no model seqmoe-tests/no-such-model" in str(missing.value)
+
+
+def test_offline_says_that_downloads_need_a_connection(hub, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(HubRefusal) as refused:
+        check_repo(HubReference(TINY))
+    assert refused.value.kind == OFFLINE and "downloads need a connection" in str(refused.value)
+    assert not hub.requests

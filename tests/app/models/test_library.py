@@ -1,0 +1,83 @@
+"""The local library: downloaded models, the Hugging Face cache, imported folders and the
+bundled demo; sizes, deletion, import, and each model's predictor state."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from seqmoe import ModelRefused
+
+from seqmoe_chat.models.library import BUNDLED, DOWNLOADED, HUB_CACHE, IMPORTED, Library, LibraryError
+from seqmoe_chat.models.model_folders import SOURCE_FILE, target_dir
+from seqmoe_chat.models.predictor_state import predictor_state
+
+from .conftest import TINY
+
+
+def downloaded(data_dir: Path, tiny_repo: Path) -> Path:
+    """A model as a finished download leaves it."""
+    folder = shutil.copytree(tiny_repo, target_dir(data_dir, TINY))
+    (folder / SOURCE_FILE).write_text(json.dumps({"format": "seqmoe-model-source", "version": 1, "repo_id": TINY}))
+    return folder
+
+
+def by_source(library: Library, source: str):
+    return [m for m in library.models() if m.source == source]
+
+
+def test_downloaded_models_are_listed_with_their_size_and_deleted(hub, data_dir: Path, tiny_repo: Path) -> None:
+    folder = downloaded(data_dir, tiny_repo)
+    library = Library(data_dir)
+    (model,) = by_source(library, DOWNLOADED)
+    assert model.name == TINY and model.path == folder
+    assert model.size_bytes == sum(p.stat().st_size for p in folder.iterdir())
+    library.delete(model)
+    assert not folder.exists() and not by_source(library, DOWNLOADED)
+
+
+def test_models_already_in_the_hugging_face_cache_are_listed_and_deleted(hub, data_dir: Path, tiny_repo: Path) -> None:
+    from huggingface_hub import hf_hub_download
+
+    for file in tiny_repo.iterdir():
+        hf_hub_download(TINY, file.name)
+    library = Library(data_dir)
+    (model,) = by_source(library, HUB_CACHE)
+    assert model.name == TINY and (model.path / "config.json").is_file() and model.size_bytes > 3_000_000
+    library.delete(model)
+    assert not by_source(library, HUB_CACHE) and not model.path.exists()
+
+
+def test_an_imported_folder_is_checked_listed_and_only_forgotten(data_dir: Path, tiny_repo: Path, dense_repo: Path) -> None:
+    library = Library(data_dir)
+    model = library.import_folder(tiny_repo)
+    assert model.source == IMPORTED and [m.path for m in Library(data_dir).models() if m.source == IMPORTED] == [tiny_repo]
+    with pytest.raises(LibraryError, match="already in the library"):
+        library.import_folder(tiny_repo)
+    with pytest.raises(ModelRefused, match="not a Mixture-of-Experts"):
+        library.import_folder(dense_repo)
+    library.delete(model)
+    assert not by_source(Library(data_dir), IMPORTED) and (tiny_repo / "config.json").is_file()
+
+
+def test_the_bundled_demo_is_listed_calibrated_and_cannot_be_deleted(data_dir: Path) -> None:
+    library = Library(data_dir)
+    (demo,) = by_source(library, BUNDLED)
+    state = predictor_state(demo.path)
+    assert state.calibrated and state.summary.startswith("calibrated (shipped): validation loss 0.147 after 12,048 tokens")
+    with pytest.raises(LibraryError, match="cannot be deleted"):
+        library.delete(demo)
+
+
+def test_a_model_without_a_predictor_says_so(tiny_repo: Path) -> None:
+    assert predictor_state(tiny_repo).summary == "not calibrated"
+
+
+def test_a_damaged_library_file_is_kept_aside(data_dir: Path) -> None:
+    data_dir.mkdir(parents=True)
+    (data_dir / "library.json").write_text('{"format": "seqmoe-chat-library", "version": 99}')
+    library = Library(data_dir)
+    assert library.imported == [] and "version 99" in library.notice and "library.json.broken-" in library.notice
