@@ -11,10 +11,11 @@ named consumer setup (``SETUPS``), the compute time being measured here with ``f
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 from .engine import Engine, Sampling
-from .events import LayerRouted
+from .events import EventBuffer, LayerRouted
 from .stats import GenerationStats
 
 BUILT_IN_PROMPTS = [
@@ -158,6 +159,44 @@ def run_bench(
             rows.append(BenchRow(policy, ratio, engine.cache_slots, totals, totals.tokens_per_s / full.tokens_per_s, same))
     engine.close()
     return rows
+
+
+def event_stream_overhead(
+    engine: Engine, prompts: list[list[int]], ratio: float, max_new_tokens: int, rounds: int = 3
+) -> dict[str, float]:
+    """Decode speed of the ``seqmoe`` policy with nobody listening against a listener that a GUI
+    would use (an ``EventBuffer`` drained ten times a second by another thread), alternated
+    ``rounds`` times so that drift in the machine's speed hits both alike."""
+    greedy = Sampling(max_new_tokens=max_new_tokens)
+    engine.configure("seqmoe", cache_ratio=ratio)
+    engine.generate(prompts[0], Sampling(max_new_tokens=4))
+    plain, listened, events = Totals(), Totals(), 0
+    for _ in range(rounds):
+        plain.runs.extend(engine.generate(p, greedy).stats for p in prompts)
+        buffer, stop = EventBuffer(), threading.Event()
+        drained: list[int] = []
+
+        def drain() -> None:
+            while not stop.wait(0.1):
+                drained.append(len(buffer.drain()))
+            drained.append(len(buffer.drain()))
+
+        consumer = threading.Thread(target=drain)
+        consumer.start()
+        engine.events.subscribe(buffer)
+        try:
+            listened.runs.extend(engine.generate(p, greedy).stats for p in prompts)
+        finally:
+            engine.events.unsubscribe(buffer)
+            stop.set()
+            consumer.join()
+        events += sum(drained)
+    return {
+        "tokens_per_s_without_listener": plain.tokens_per_s,
+        "tokens_per_s_with_listener": listened.tokens_per_s,
+        "overhead": 1.0 - listened.tokens_per_s / plain.tokens_per_s,
+        "events_per_token": events / max(listened.total("tokens"), 1),
+    }
 
 
 def record_future(engine: Engine, prompt_ids: list[int], sampling: Sampling, ratio: float) -> list[tuple[int, frozenset[int]]]:

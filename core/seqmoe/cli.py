@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="consumer setup whose transfer/compute ratio sets the emulated link speed (without --link-gbps)")
     bench.add_argument("--plot", type=Path, help="write a PNG of throughput relative to full (needs matplotlib)")
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
+    bench.add_argument("--event-overhead", action="store_true",
+                       help="also measure what a listener on the event stream costs (seqmoe at the first cache ratio)")
 
     trace = commands.add_parser("trace", help="record routing traces of a model over a text")
     add_model_arguments(trace)
@@ -139,7 +141,16 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    from .bench import BUILT_IN_PROMPTS, SETUPS, decode_layer_seconds, format_table, link_for, plot, run_bench
+    from .bench import (
+        BUILT_IN_PROMPTS,
+        SETUPS,
+        decode_layer_seconds,
+        event_stream_overhead,
+        format_table,
+        link_for,
+        plot,
+        run_bench,
+    )
 
     policies = [p for p in args.policies.split(",") if p]
     unknown = sorted(set(policies) - set(POLICY_NAMES))
@@ -160,12 +171,24 @@ def run_bench_command(args: argparse.Namespace) -> int:
                      f"one MoE layer's decode compute ({1000 * layer:.3f} ms measured with full), as for {setup.description}")
     else:
         link_note = f"{engine.link} link" + (f" {engine.link_gbps} GB/s" if engine.link == "emulated" else "")
+    overhead = event_stream_overhead(engine, prompts, ratios[0], args.max_new_tokens) if args.event_overhead else None
     rows = run_bench(engine, prompts, policies, ratios, args.max_new_tokens)
     title = f"{engine.loaded.architecture}, {len(prompts)} prompts x {args.max_new_tokens} tokens; {link_note}"
+    report = {"model": engine.loaded.path.name, "link": link_note, "rows": [row.as_dict() for row in rows]}
+    if overhead is not None:
+        report["event_stream"] = overhead
     if args.json:
-        print(json.dumps({"model": engine.loaded.path.name, "link": link_note, "rows": [row.as_dict() for row in rows]}))
-    print(title, file=sys.stderr if args.json else sys.stdout)
-    print(format_table(rows), file=sys.stderr if args.json else sys.stdout)
+        print(json.dumps(report))
+    out = sys.stderr if args.json else sys.stdout
+    print(title, file=out)
+    print(format_table(rows), file=out)
+    if overhead is not None:
+        print(
+            f"event stream: {overhead['tokens_per_s_with_listener']:.2f} tok/s with a listener, "
+            f"{overhead['tokens_per_s_without_listener']:.2f} without ({overhead['overhead']:+.1%}), "
+            f"{overhead['events_per_token']:.1f} events per token",
+            file=out,
+        )
     if args.plot:
         plot(rows, str(args.plot), title)
     if not all(row.same_tokens for row in rows):
