@@ -214,9 +214,10 @@ class ExpertCache:
             return int(horizon * self.layer_seconds / copy_seconds) - in_flight
 
         jobs = [Job(key, deadline(f.horizon), f.probability * copy_seconds, f.probability) for key, f in best.items()]
-        room = self.pool.owner.count(None) + len(self._evictable())
+        candidates = self._evictable()
+        room = len(self.pool.free) + len(candidates)
         for job in schedule(jobs, room, demote_above=DEMOTE_ABOVE):
-            if not self._prefetch(job.key):
+            if not self._prefetch(job.key, candidates):
                 break
 
     @property
@@ -234,26 +235,25 @@ class ExpertCache:
     def stream(self, layer: int, order: Sequence[int]) -> None:
         """Prefill: queue layer ``layer``'s experts in ``order`` while the layer before computes,
         without evicting any of them or anything pinned."""
+        candidates = [k for k in self._evictable() if k[0] != layer]
         for expert in order:
             key = (layer, expert)
-            if key in self.pool.slot_of:
-                continue
-            candidates = [k for k in self._evictable() if k[0] != layer]
-            if self.pool.free_slot() is None and not candidates:
+            if key not in self.pool.slot_of and not self._prefetch(key, candidates, admit_all=True):
                 return
-            self._prefetch(key, candidates, admit_all=True)
 
-    def _prefetch(self, key: ExpertKey, candidates: list[ExpertKey] | None = None, admit_all: bool = False) -> bool:
-        """Queue a prefetch of ``key``; False when there is no slot it deserves."""
+    def _prefetch(self, key: ExpertKey, candidates: list[ExpertKey], admit_all: bool = False) -> bool:
+        """Queue a prefetch of ``key`` into a free slot or in place of one of ``candidates`` (which
+        loses its victim); False when there is no slot it deserves."""
+        victim = None
         if self.pool.free_slot() is None:
-            candidates = self._evictable() if candidates is None else candidates
             if not candidates:
                 return False
             victim = self.policy.victim(candidates)
             wanted, held = self.policy.distance(key), self.policy.distance(victim)
             if not admit_all and wanted is not None and held is not None and wanted >= held:
                 return False
-        slot = self._load(key, urgent=False)
+            candidates.remove(victim)
+        slot = self._load(key, urgent=False, victim=victim)
         job = self.pool.job[slot]
         assert job is not None
         self._queued[key] = job
@@ -300,10 +300,10 @@ class ExpertCache:
             if key is not None and self.pool.pins[slot] == 0 and self.pool.state(slot) is SlotState.READY
         ]
 
-    def _load(self, key: ExpertKey, urgent: bool) -> int:
-        slot = self.pool.free_slot()
+    def _load(self, key: ExpertKey, urgent: bool, victim: ExpertKey | None = None) -> int:
+        slot = self.pool.free_slot() if victim is None else None
         if slot is None:
-            slot = self._evict()
+            slot = self._evict(victim)
         job = CopyJob(
             key=key,
             slot=slot,
@@ -315,20 +315,22 @@ class ExpertCache:
         self._copies_this_layer += 1
         return slot
 
-    def _evict(self) -> int:
-        candidates = self._evictable()
-        if not candidates:
-            # Prefetches hold every unpinned slot: a demand load outranks them all.
-            self._cancel_queued()
-            slot = self.pool.free_slot()
-            if slot is not None:
-                return slot
-            loading = list(self._queued.values())
-            if not loading:
-                raise RuntimeError("every cache slot is pinned; the cache is below its minimum size")
-            self.copier.wait(loading[0])
+    def _evict(self, victim: ExpertKey | None = None) -> int:
+        """Free the slot of ``victim``, or of the policy's choice among the evictable experts."""
+        if victim is None:
             candidates = self._evictable()
-        victim = self.policy.victim(candidates)
+            if not candidates:
+                # Prefetches hold every unpinned slot: a demand load outranks them all.
+                self._cancel_queued()
+                slot = self.pool.free_slot()
+                if slot is not None:
+                    return slot
+                loading = list(self._queued.values())
+                if not loading:
+                    raise RuntimeError("every cache slot is pinned; the cache is below its minimum size")
+                self.copier.wait(loading[0])
+                candidates = self._evictable()
+            victim = self.policy.victim(candidates)
         slot = self.pool.slot_of[victim]
         unused = victim in self._prefetched
         if unused:

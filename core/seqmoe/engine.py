@@ -23,7 +23,16 @@ from .cache import ExpertCache
 from .errors import BudgetTooSmall, SeqMoEError
 from .events import EventBus, TokenGenerated
 from .loader import LoadedModel, find_routers, router_logits
-from .policies import POLICY_NAMES, FullPolicy, GatePolicy, LRUPolicy, OraclePolicy, Policy, SeqMoEPolicy
+from .policies import (
+    POLICY_NAMES,
+    FullPolicy,
+    GatePolicy,
+    LRUPolicy,
+    OraclePolicy,
+    Policy,
+    SeqMoEPolicy,
+    next_layer_distribution,
+)
 from .predictor.calibration import find_predictor
 from .predictor.model import ExpertPredictor, load_predictor
 from .trace import model_identity
@@ -205,7 +214,7 @@ class Engine:
     def _gate_forecaster(self) -> Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor]:
         """Until a predictor is calibrated: the next layer's router on this hidden state, horizon 1."""
         routers = self._router_functions()
-        return lambda hidden, layer, routed: torch.softmax(routers[(layer + 1) % len(routers)](hidden).float(), dim=-1)
+        return lambda hidden, layer, routed: next_layer_distribution(routers, layer, hidden).unsqueeze(0)
 
     def predictor(self) -> ExpertPredictor | None:
         """The trained predictor for this model (given, or found in the user cache or resources), if any."""

@@ -120,9 +120,15 @@ class GatePolicy(Policy):
 
     def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
         target = (layer + 1) % len(self.routers)
-        probs = torch.softmax(self.routers[target](hidden).float().reshape(-1), dim=0)
-        values, experts = probs.topk(self.top_k)
+        values, experts = next_layer_distribution(self.routers, layer, hidden).topk(self.top_k)
         return [Forecast((target, e), p, 1) for p, e in zip(values.tolist(), experts.tolist())]
+
+
+def next_layer_distribution(
+    routers: Sequence[Callable[[torch.Tensor], torch.Tensor]], layer: int, hidden: torch.Tensor
+) -> torch.Tensor:
+    """The next MoE layer's router applied to this layer's hidden state, as probabilities over its experts."""
+    return torch.softmax(routers[(layer + 1) % len(routers)](hidden).float().reshape(-1), dim=0)
 
 
 class BeladyPolicy(Policy):

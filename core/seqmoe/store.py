@@ -116,6 +116,7 @@ class SlotPool:
         self.job: list[CopyJob | None] = [None] * size
         self.pins = [0] * size
         self.slot_of: dict[ExpertKey, int] = {}
+        self.free: set[int] = set(range(size))
 
     def state(self, slot: int) -> SlotState:
         if self.owner[slot] is None:
@@ -129,16 +130,14 @@ class SlotPool:
         return [self.tensors[name][slot] for name in self.layout.names]
 
     def free_slot(self) -> int | None:
-        for slot, owner in enumerate(self.owner):
-            if owner is None:
-                return slot
-        return None
+        return min(self.free) if self.free else None
 
     def assign(self, slot: int, key: ExpertKey, job: CopyJob | None) -> None:
         self.clear(slot)
         self.owner[slot] = key
         self.job[slot] = job
         self.slot_of[key] = slot
+        self.free.discard(slot)
 
     def clear(self, slot: int) -> None:
         previous = self.owner[slot]
@@ -146,3 +145,4 @@ class SlotPool:
             del self.slot_of[previous]
         self.owner[slot] = None
         self.job[slot] = None
+        self.free.add(slot)
