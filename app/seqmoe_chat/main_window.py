@@ -4,6 +4,7 @@ engine client and owns the menus and shortcuts."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
@@ -18,7 +19,9 @@ from .chat_session import ChatSession
 from .chat_view import ChatView
 from .composer import Composer
 from .conversation_dialog import ConversationDialog
+from .engine_settings import engine_context
 from .model_bar import ModelBar
+from .panel.dock import TelemetryDock
 from .settings_dialog import SettingsDialog
 from .sidebar import Sidebar
 from .status_bar import StatusBar
@@ -70,6 +73,8 @@ class MainWindow(QMainWindow):
         toolbar.addWidget(self.model_bar)
         self.status = StatusBar()
         self.setStatusBar(self.status)
+        self.panel = TelemetryDock(self.client, self.settings.panel_hz, self)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.panel)
 
         self._load_id: int | None = None
         self._reply_started = 0.0
@@ -133,6 +138,7 @@ class MainWindow(QMainWindow):
               self.action_find, self.action_rename, self.action_delete)
         _fill(bar.addMenu("&Model"), self.action_load, self.action_unload, self.action_cancel_load)
         view_menu = bar.addMenu("&View")
+        _fill(view_menu, self.panel.toggleViewAction())
         _fill(view_menu.addMenu("&Theme"), *self.theme_actions.actions())
 
     def _connect(self) -> None:
@@ -165,6 +171,8 @@ class MainWindow(QMainWindow):
         worker.sig_load_failed.connect(self._on_load_failed)
         worker.sig_load_cancelled.connect(self._on_load_cancelled)
         worker.sig_model_unloaded.connect(self._on_model_unloaded)
+        worker.sig_model_reconfigured.connect(self._on_model_reconfigured)
+        worker.sig_reconfigure_failed.connect(self._on_reconfigure_failed)
         QApplication.styleHints().colorSchemeChanged.connect(self._on_color_scheme_changed)
 
     # Conversations
@@ -327,14 +335,33 @@ class MainWindow(QMainWindow):
         self.model_bar.show_unloaded()
         self.status.show_model(None)
 
+    def _on_model_reconfigured(self, _request_id: int, info: ModelInfo) -> None:
+        self.status.show_model(info)
+        self.status.showMessage(f"Expert cache: {info.cache_slots} of {info.total_experts} experts, policy {info.policy}",
+                                STATUS_MESSAGE_MS)
+
+    def _on_reconfigure_failed(self, _request_id: int, reason: str, info: ModelInfo) -> None:
+        self.status.show_model(info)
+        dialogs.show_error(self, "The expert cache was not changed", reason)
+
     # Settings, theme, window state
 
     def open_settings(self) -> None:
-        dialog = SettingsDialog(self.settings, self)
-        if dialog.exec():
-            dialog.apply_to(self.settings)
-            self.session.default_sampling = self.settings.sampling
-            self.set_theme(self.settings.theme)
+        engine = engine_context(self.client.model, self.panel.monitor.current(), self.store.connection)
+        folders = {"Data (chats, log)": self.context.data_dir, "Settings file": self.context.settings_store.path}
+        dialog = SettingsDialog(self.settings, self, engine, folders)
+        if not dialog.exec():
+            return
+        before = dataclasses.replace(self.settings.engine)
+        dialog.apply_to(self.settings)
+        self.session.default_sampling = self.settings.sampling
+        self.panel.set_rate(self.settings.panel_hz)
+        self.set_theme(self.settings.theme)  # saves the settings
+        if self.settings.engine != before and self.client.model is not None:
+            # Queued on the worker: it applies between two replies, never during one.
+            self.client.reconfigure(self.settings.engine)
+            if self.settings.engine.device != before.device:
+                self.status.showMessage("The device applies when the model is next loaded.", STATUS_MESSAGE_MS)
 
     def set_theme(self, theme: str) -> None:
         self.settings.theme = theme

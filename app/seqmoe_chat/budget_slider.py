@@ -1,0 +1,136 @@
+"""The VRAM budget: a slider in GB and, live, what it buys with the loaded model: expert
+slots, cache ratio, the speed measured at that size, and whether the model fits entirely,
+runs offloaded with SeqMoE, or cannot run at all. The arithmetic is the engine's own
+(``CacheGeometry``), so the slots shown are the slots the engine will make."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QSlider, QWidget
+
+from .store.speed_history import expected_speed
+from .worker import ModelInfo
+
+GB = 2**30  # the engine's budgets count GB as 2**30 bytes
+MB_STEP = GB // 1000
+MAX_GB_WITHOUT_MODEL = 1024.0
+
+
+class BudgetSlider(QWidget):
+    def __init__(self, model: ModelInfo | None, available_bytes: int | None, speeds: dict[int, float],
+                 budget_gb: float | None, cache_ratio: float, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model
+        self.cache_ratio = cache_ratio
+        self.speeds = speeds
+        geometry = model.geometry if model is not None else None
+        self.enabled_box = QCheckBox("Size the expert cache by a VRAM budget")
+        self.enabled_box.setToolTip(f"Unchecked: the cache holds {cache_ratio:.0%} of the experts, "
+                                    "whatever memory that takes")
+        self.slider = QSlider(Qt.Orientation.Horizontal)
+        self.spin = QDoubleSpinBox()
+        self.spin.setSuffix(" GB")
+        self.spin.setToolTip("GB of 2³⁰ bytes, as the engine counts: weights, KV-cache reserve, workspace and experts")
+        self.slots = QLabel()
+        self.speed = QLabel()
+        self.fit = QLabel()
+        self.fit.setWordWrap(True)
+        if geometry is None:
+            # Without a model only the number can be chosen; what it buys shows once one is loaded.
+            self.unit = MB_STEP
+            low, high = MB_STEP, int((available_bytes or MAX_GB_WITHOUT_MODEL * GB))
+            initial = budget_gb if budget_gb is not None else high / GB
+        else:
+            # One expert per step for small models, 0.001 GB otherwise.
+            self.unit = min(MB_STEP, geometry.bytes_per_expert)
+            full = geometry.budget_bytes_for(geometry.total_experts)
+            low = geometry.budget_bytes_for(0)
+            high = max(min(available_bytes, full) if available_bytes else full, low + self.unit)
+            initial = budget_gb if budget_gb is not None else geometry.budget_bytes_for(model.cache_slots) / GB
+        self.spin.setDecimals(3 if self.unit >= MB_STEP else 4)
+        self.spin.setRange(low / GB, high / GB)
+        # Fine steps: 0.05 GB on a real GPU budget, single units when the whole range is small.
+        self.spin.setSingleStep(0.05 if high - low >= GB // 2 else self.unit / GB)
+        self.slider.setRange(round(low / self.unit), round(high / self.unit))
+        self.slider.setPageStep(max(1, round(0.05 * GB / self.unit)))
+        self.slider.setEnabled(geometry is not None)
+        self.spin.setValue(min(max(initial, low / GB), high / GB))
+        self.slider.setValue(round(self.spin.value() * GB / self.unit))
+        self.slider.valueChanged.connect(self._on_slider_moved)
+        self.spin.valueChanged.connect(self._on_spin_changed)
+        self.enabled_box.toggled.connect(self._update)
+        self.enabled_box.setChecked(budget_gb is not None)
+
+        row = QHBoxLayout()
+        row.addWidget(self.slider, 1)
+        row.addWidget(self.spin)
+        layout = QFormLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addRow(self.enabled_box)
+        layout.addRow("Budget", row)
+        layout.addRow("Expert slots", self.slots)
+        layout.addRow("Expected speed", self.speed)
+        layout.addRow("", self.fit)
+        self._update()
+
+    def budget_gb(self) -> float | None:
+        """The chosen budget; None when the cache is sized by its ratio instead."""
+        return round(self.spin.value(), self.spin.decimals()) if self.enabled_box.isChecked() else None
+
+    def set_speeds(self, speeds: dict[int, float]) -> None:
+        self.speeds = speeds
+        self._update()
+
+    def _on_slider_moved(self, value: int) -> None:
+        self.spin.blockSignals(True)
+        self.spin.setValue(value * self.unit / GB)
+        self.spin.blockSignals(False)
+        self._update()
+
+    def _on_spin_changed(self, value: float) -> None:
+        self.slider.blockSignals(True)
+        self.slider.setValue(round(value * GB / self.unit))
+        self.slider.blockSignals(False)
+        self._update()
+
+    def _update(self) -> None:
+        on = self.enabled_box.isChecked()
+        self.slider.setEnabled(on and self.model is not None and self.model.geometry is not None)
+        self.spin.setEnabled(on)
+        if on:
+            slots, speed, fit = describe_budget(self.model, int(self.spin.value() * GB), self.speeds)
+        elif self.model is not None and self.model.geometry is not None:
+            slots, speed, fit = describe_slots(self.model, round(self.cache_ratio * self.model.total_experts),
+                                               self.speeds)
+        else:
+            slots, speed, fit = describe_budget(None, 0, self.speeds)
+        self.slots.setText(slots)
+        self.speed.setText(speed)
+        self.fit.setText(fit)
+
+
+def describe_budget(model: ModelInfo | None, budget_bytes: int, speeds: dict[int, float]) -> tuple[str, str, str]:
+    """Texts for the expert slots, the expected speed and the fit that ``budget_bytes`` gives ``model``."""
+    if model is None or model.geometry is None:
+        return "load a model to see what a budget buys", "not measured yet", ""
+    from seqmoe import BudgetTooSmall  # loaded with the model already
+
+    geometry = model.geometry
+    try:
+        slots = geometry.slots_for_budget(budget_bytes)
+    except BudgetTooSmall:
+        need = geometry.budget_bytes_for(geometry.minimum_slots) / GB
+        return (f"below the minimum of {geometry.minimum_slots}", "–",
+                f"Too small: {model.name} needs at least {need:.4f} GB.")
+    return describe_slots(model, slots, speeds)
+
+
+def describe_slots(model: ModelInfo, slots: int, speeds: dict[int, float]) -> tuple[str, str, str]:
+    total = model.total_experts
+    estimate = expected_speed(speeds, slots)
+    speed = "not measured yet" if estimate is None else f"about {estimate.tokens_per_s:.1f} tok/s ({estimate.basis})"
+    if slots == total:
+        fit = "Fits entirely: every expert stays in VRAM."
+    else:
+        fit = f"Runs with SeqMoE: {slots / total:.0%} of the experts cached, the rest loaded when needed."
+    return f"{slots} of {total} (cache ratio {slots / total:.2f})", speed, fit

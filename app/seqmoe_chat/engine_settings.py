@@ -1,0 +1,103 @@
+"""The settings dialog's engine page: device, cache policy, emulated link speed, the
+predictor's horizon (read only: the engine has no setting for it) and the VRAM budget."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QFormLayout, QLabel, QWidget
+
+from .budget_slider import BudgetSlider
+from .panel.memory_monitor import MemorySample
+from .store import EngineOptions
+from .store.settings import DEVICES, POLICIES
+from .store.speed_history import measured_speeds
+from .worker import ModelInfo
+
+POLICY_NAMES = {
+    "seqmoe": "seqmoe: predict the next layers' experts and load them ahead",
+    "gate": "gate: load the next layer's likely experts ahead",
+    "lru": "lru: load on demand, evict the least recently used",
+    "full": "full: every expert in VRAM (the reference speed)",
+}
+DEVICE_NAMES = {"auto": "automatic (CUDA when present)", "cuda": "CUDA GPU", "cpu": "CPU (emulated link)"}
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """What the engine page shows beside the settings: the loaded model, the device memory a
+    budget could use, and the speeds measured so far, by policy."""
+
+    model: ModelInfo | None = None
+    available_bytes: int | None = None
+    speeds_for: Callable[[str], dict[int, float]] = lambda _policy: {}
+
+
+def engine_context(model: ModelInfo | None, memory: MemorySample, chats: sqlite3.Connection) -> EngineContext:
+    """On a CUDA device a budget can use the free VRAM plus what this process holds; on the
+    CPU the emulated budget goes up to the model's full size."""
+    if model is None:
+        return EngineContext()
+    gpu = memory.gpu if model.device.startswith("cuda") else None
+    return EngineContext(model, gpu.available_to_this_process if gpu is not None else None,
+                         lambda policy: measured_speeds(chats, model.name, policy, model.device))
+
+
+class EnginePage(QWidget):
+    def __init__(self, options: EngineOptions, context: EngineContext, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        model = self.model = context.model
+        self.speeds_for = context.speeds_for
+        self.device = _combo(DEVICE_NAMES, DEVICES, options.device)
+        self.device.setToolTip("Takes effect when a model is next loaded")
+        self.policy = _combo(POLICY_NAMES, POLICIES, options.policy)
+        self.link = QDoubleSpinBox()
+        self.link.setRange(0.01, 1000.0)
+        self.link.setDecimals(2)
+        self.link.setSuffix(" GB/s")
+        self.link.setValue(options.link_gbps)
+        self.link.setToolTip("How fast the emulated host-to-device link copies experts (machines without a CUDA GPU)")
+        self.horizon = QLabel(horizon_text(model))
+        self.horizon.setWordWrap(True)
+        self.budget = BudgetSlider(model, context.available_bytes, self.speeds_for(options.policy),
+                                   options.vram_budget_gb, options.cache_ratio)
+        self.policy.currentIndexChanged.connect(self._on_policy_changed)
+        layout = QFormLayout(self)
+        layout.addRow("Device", self.device)
+        layout.addRow("Cache policy", self.policy)
+        layout.addRow("Emulated link", self.link)
+        layout.addRow("Prediction horizon", self.horizon)
+        layout.addRow(self.budget)
+        self._on_policy_changed()
+
+    def apply_to(self, options: EngineOptions) -> None:
+        options.device = str(self.device.currentData())
+        options.policy = str(self.policy.currentData())
+        options.link_gbps = round(self.link.value(), 2)
+        options.vram_budget_gb = self.budget.budget_gb()
+
+    def _on_policy_changed(self) -> None:
+        policy = str(self.policy.currentData())
+        # The full policy keeps every expert resident: no budget sizes its cache.
+        self.budget.setEnabled(policy != "full")
+        self.budget.set_speeds(self.speeds_for(policy))
+
+
+def horizon_text(model: ModelInfo | None) -> str:
+    if model is None:
+        return "shown once a model is loaded"
+    if model.predictor_horizon is None:
+        return f"none: the {model.policy} policy does not forecast"
+    layers = "layer" if model.predictor_horizon == 1 else "layers"
+    return (f"{model.predictor_horizon} MoE {layers} ahead, fixed by the {model.policy} policy's forecaster "
+            "(the engine has no setting for it)")
+
+
+def _combo(names: dict[str, str], values: tuple[str, ...], current: str) -> QComboBox:
+    combo = QComboBox()
+    for value in values:
+        combo.addItem(names[value], value)
+    combo.setCurrentIndex(max(combo.findData(current), 0))
+    return combo

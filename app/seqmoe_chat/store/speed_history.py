@@ -1,0 +1,53 @@
+"""Decode speeds measured by earlier replies, by cache size: what a VRAM budget is likely
+to give. Every finished reply stores its statistics (policy, device, link, cache slots,
+decode tokens/s), so the chat database already holds these measurements."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+
+from .records import ASSISTANT, DONE
+
+RECENT_REPLIES = 500
+
+
+@dataclass(frozen=True)
+class SpeedEstimate:
+    tokens_per_s: float
+    basis: str  # how it was found, for people
+
+
+def measured_speeds(connection: sqlite3.Connection, model_id: str, policy: str, device: str) -> dict[int, float]:
+    """Decode tokens/s by cache slots for ``model_id`` with ``policy`` on ``device``; the newest reply wins."""
+    rows = connection.execute(
+        "SELECT stats FROM messages WHERE role = ? AND state = ? AND model_id = ? ORDER BY id DESC LIMIT ?",
+        (ASSISTANT, DONE, model_id, RECENT_REPLIES),
+    )
+    speeds: dict[int, float] = {}
+    for (text,) in rows:
+        stats = json.loads(text)
+        speed = stats.get("decode_tokens_per_s") or stats.get("tokens_per_s")
+        slots = stats.get("cache_slots")
+        if stats.get("policy") == policy and stats.get("device") == device and speed and isinstance(slots, int):
+            speeds.setdefault(slots, float(speed))
+    return speeds
+
+
+def expected_speed(speeds: dict[int, float], slots: int) -> SpeedEstimate | None:
+    """The measured speed at ``slots``, else a straight line between the nearest measured
+    sizes around it, else the nearest one; None when nothing was measured."""
+    if not speeds:
+        return None
+    if slots in speeds:
+        return SpeedEstimate(speeds[slots], f"measured at {slots} slots")
+    below = max((s for s in speeds if s < slots), default=None)
+    above = min((s for s in speeds if s > slots), default=None)
+    if below is not None and above is not None:
+        share = (slots - below) / (above - below)
+        speed = speeds[below] + share * (speeds[above] - speeds[below])
+        return SpeedEstimate(speed, f"between the {below} and {above} slots measured")
+    nearest = below if below is not None else above
+    assert nearest is not None
+    return SpeedEstimate(speeds[nearest], f"measured at {nearest} slots")

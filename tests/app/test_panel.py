@@ -1,0 +1,293 @@
+"""The live panel: folding a stream recorded from the demo model and one built here, the
+cache map's colours, recall@k per horizon, sampling only while visible, NVML missing or
+failing, and exporting the figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from PySide6.QtGui import QColor, QImage
+from seqmoe import Engine, Sampling, load_model
+from seqmoe.events import (
+    CacheSnapshot,
+    EventBuffer,
+    ExpertEvicted,
+    ExpertsForecast,
+    LayerRouted,
+    PrefetchCancelled,
+    PrefetchIssued,
+    SlotStatus,
+    Stall,
+    TokenGenerated,
+)
+from seqmoe.resources import demo_model_dir
+
+from seqmoe_chat.panel import memory_monitor
+from seqmoe_chat.panel.cache_map import STATE_COLOURS
+from seqmoe_chat.panel.memory_monitor import NO_NVML, MemoryMonitor
+from seqmoe_chat.panel.telemetry_model import CELL_STATES, TelemetryModel
+from seqmoe_chat.store.records import DONE
+from seqmoe_chat.worker import model_info
+
+from .test_chat import send, stored, wait_idle
+
+PROMPT = "Tell me about the mountains you like to hike."
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    """A real stream: the demo model with the seqmoe policy on a slow emulated link, so that
+    there are prefetches, misses and stalls."""
+    engine = Engine(load_model(str(demo_model_dir()), device="cpu"), link_gbps=0.05)
+    engine.configure("seqmoe", cache_ratio=0.3)
+    buffer = EventBuffer()
+    engine.events.subscribe(buffer)
+    result = engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=12))
+    info = model_info(engine)
+    engine.close()
+    return buffer.drain(), info, result.stats
+
+
+def test_the_folded_stream_agrees_with_the_engine_statistics(recorded) -> None:
+    events, info, stats = recorded
+    model = TelemetryModel(info.num_layers, info.experts_per_layer, info.geometry.bytes_per_expert)
+    # Folded in uneven batches, as the timer drains them.
+    for start in range(0, len(events), 97):
+        model.fold(events[start:start + 97])
+    counters = model.counters
+    assert model.generations == 1
+    assert (counters.tokens, counters.hits, counters.misses) == (stats.tokens, stats.hits, stats.misses)
+    assert counters.copies * info.geometry.bytes_per_expert == stats.h2d_bytes
+    assert counters.prefetch_copies == stats.prefetch_issued and counters.prefetch_unused == stats.prefetch_unused
+    assert counters.stall_seconds == pytest.approx(stats.stall_seconds, rel=1e-6)
+    assert sum(model.stall_per_token) == pytest.approx(stats.stall_seconds, rel=1e-6)
+    assert len(model.stall_per_token) == stats.tokens
+    assert sorted(model.recall) == list(range(1, info.predictor_horizon + 1))
+    assert all(0 < tally.recall <= 1 for tally in model.recall.values())
+    assert 0 < counters.prefetch_precision <= 1
+    # The cache holds exactly its slots; the last snapshot shows the last routed layer in use.
+    cells = model.cell_counts()
+    assert cells["ready"] + cells["loading"] + cells["in use"] <= info.cache_slots
+    assert cells["in use"] >= 1
+    summary = json.loads(json.dumps(model.summary()))
+    assert summary["counters"]["tokens"] == stats.tokens
+
+
+def test_a_new_generation_resets_the_counters_but_keeps_the_cache_map(recorded) -> None:
+    events, info, _stats = recorded
+    model = TelemetryModel(info.num_layers, info.experts_per_layer, info.geometry.bytes_per_expert)
+    model.fold(events)
+    cells = model.cells.copy()
+    model.fold([LayerRouted(0, (1, 2), (), True)])
+    assert model.generations == 2 and model.counters.tokens == 0 and model.recall == {}
+    assert (model.cells == cells).all()
+
+
+def test_recall_at_k_per_horizon_wraps_into_the_next_token() -> None:
+    model = TelemetryModel(num_layers=3, num_experts=4, bytes_per_expert=10)
+    model.fold([
+        LayerRouted(0, (0, 1), (), True),  # prefill
+        TokenGenerated(0, 7, 0.1),
+        LayerRouted(1, (0, 1), (), False),
+        # At layer 1: horizon 1 is layer 2, horizon 2 wraps to layer 0 of the next token.
+        ExpertsForecast(1, (((2, 3), 0.9), ((2, 2), 0.8), ((2, 0), 0.1), ((0, 1), 0.7), ((0, 2), 0.6))),
+        LayerRouted(2, (3, 0), (0,), False),  # top-2 forecast {3, 2}: one of two found
+        TokenGenerated(1, 8, 0.2),
+        LayerRouted(0, (1, 2), (), False),  # top-2 forecast {1, 2}: both found
+    ])
+    assert {h: (t.found, t.routed) for h, t in model.recall.items()} == {1: (1, 2), 2: (2, 2)}
+    assert model.routed[2] == (3, 0) and model.routed[0] == (1, 2)
+    assert model.predicted[2].tolist() == pytest.approx([0.1, 0.0, 0.8, 0.9])
+    assert model.last_use[0, 2] == 2 and model.last_use[2, 3] == 1
+    assert model.describe_cell(0, 2).splitlines()[1:] == ["last used at token 2", "predicted probability 0.60"]
+    assert model.describe_cell(1, 3).splitlines()[1:] == ["not used yet", "no forecast yet"]
+
+
+def test_prefetch_accounting_used_cancelled_and_unused() -> None:
+    model = TelemetryModel(num_layers=2, num_experts=4, bytes_per_expert=1000)
+    model.fold([
+        LayerRouted(0, (0,), (0,), True),
+        TokenGenerated(0, 1, 0.5),
+        PrefetchIssued((1, 1)), PrefetchIssued((1, 2)), PrefetchIssued((1, 3)), PrefetchCancelled((1, 3)),
+        LayerRouted(1, (1,), (), False),
+        ExpertEvicted((1, 2), unused=True),
+        Stall((1, 1), 0.25, "late prefetch", False),
+        TokenGenerated(1, 2, 1.0),
+    ])
+    counters = model.counters
+    assert (counters.prefetch_used, counters.prefetch_copies, counters.prefetch_unused) == (1, 2, 1)
+    assert counters.prefetch_precision == 0.5 and counters.copies == 3
+    assert model.engine_bytes_per_s() == 3000.0
+    assert model.stall_per_token == [0.0, 0.25]
+    assert model.recent_stalls[0].cause == "late prefetch" and model.recent_stalls[0].token == 1
+
+
+def _snapshot_events() -> list:
+    """Five slots of the fake engine's 2 layers x 12 experts: one in use, two ready, one loading, one empty."""
+    owners = ((0, 1), (0, 2), (1, 3), (1, 4), None)
+    states = (SlotStatus.IN_USE, SlotStatus.READY, SlotStatus.LOADING, SlotStatus.READY, SlotStatus.EMPTY)
+    return [LayerRouted(0, (1,), (), False), CacheSnapshot(0, owners, states)]
+
+
+def _colour_counts(image: QImage, centres) -> dict[str, int]:
+    by_colour = {QColor(colour).rgb(): CELL_STATES[state] for state, colour in STATE_COLOURS.items()}
+    counts = dict.fromkeys(CELL_STATES, 0)
+    for point in centres:
+        counts[by_colour[image.pixel(point)]] += 1
+    return counts
+
+
+def test_the_cache_map_paints_the_states_of_the_stream(qtbot, window, backend) -> None:
+    panel = window.panel
+    assert panel.isVisible() and panel.sampling
+    engine = backend.engines[-1]
+    assert engine.events.active  # the panel's buffer follows the loaded engine
+    for event in _snapshot_events():
+        engine.events.emit(event)
+    panel.refresh()
+    expected = {"not cached": 20, "loading": 1, "ready": 2, "in use": 1}
+    assert panel.model.cell_counts() == expected
+    cache_map = panel.cache_map
+    image = cache_map.grab().toImage()
+    centres = [cache_map.cell_rect(layer, expert).center().toPoint() for layer in range(2) for expert in range(12)]
+    assert _colour_counts(image, centres) == expected
+    assert "layer 0, expert 1: in use" in cache_map.describe(0, 1)
+
+
+def test_the_panel_samples_only_while_visible_and_remembers_it(qtbot, make_window, backend) -> None:
+    window = make_window()
+    panel, engine = window.panel, backend.engines[-1]
+    window.panel.toggleViewAction().trigger()
+    assert not panel.isVisible() and not panel.sampling and not engine.events.active
+    engine.events.emit(_snapshot_events()[0])  # nobody listens: nothing is kept
+    window.close()
+    again = make_window()
+    assert not again.panel.isVisible() and not backend.engines[-1].events.active
+    again.panel.toggleViewAction().trigger()
+    assert again.panel.sampling and backend.engines[-1].events.active
+
+
+def test_without_nvml_the_panel_says_why_and_the_app_still_generates(qtbot, make_window, monkeypatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import pynvml raises ImportError
+    window = make_window()
+    sample = window.panel.monitor.sample()
+    assert sample.gpu is None and sample.gpu_problem.startswith(f"{NO_NVML}: ")
+    window.panel.refresh()
+    assert window.panel.memory.problem.text().startswith(NO_NVML)
+    assert "the engine's budget" in window.panel.memory.vram_caption.text()  # the engine's figures stay
+    send(qtbot, window, "Still there?")
+    wait_idle(qtbot, window)
+    assert stored(window)[-1][2] == DONE
+
+
+class _FailingNvml:
+    """pynvml whose start works and whose readings raise, as on a driver that lacks a call."""
+
+    class NVMLError(Exception):
+        pass
+
+    NVML_PCIE_UTIL_RX_BYTES = 1
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> object:
+        return object()
+
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> object:
+        raise self.NVMLError("Not Supported")
+
+
+class _WorkingNvml(_FailingNvml):
+    def nvmlDeviceGetMemoryInfo(self, handle: object):
+        return type("Memory", (), {"total": 24 * 2**30, "used": 10 * 2**30})()
+
+    def nvmlDeviceGetName(self, handle: object) -> str:
+        return "Test GPU"
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list:
+        import os
+
+        process = type("Process", (), {})()
+        process.pid, process.usedGpuMemory = os.getpid(), 3 * 2**30
+        other = type("Process", (), {"pid": 1, "usedGpuMemory": 7 * 2**30})()
+        return [process, other]
+
+    def nvmlDeviceGetPcieThroughput(self, handle: object, counter: int) -> int:
+        raise self.NVMLError("Not Supported")  # many GPUs cannot say; the engine's figure stands in
+
+
+def test_a_failing_nvml_is_reported_and_never_raises(qtbot, make_window, monkeypatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", _FailingNvml())
+    window = make_window()
+    sample = window.panel.monitor.sample()
+    assert sample.gpu is None and sample.gpu_problem == f"{NO_NVML}: Not Supported"
+    assert sample.ram is not None and sample.ram.total > 0
+    send(qtbot, window, "Still there?")
+    wait_idle(qtbot, window)
+    assert stored(window)[-1][2] == DONE
+
+
+def test_nvml_figures_split_the_vram(monkeypatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", _WorkingNvml())
+    gpu = MemoryMonitor().sample().gpu
+    assert gpu is not None and gpu.name == "Test GPU" and gpu.this_process == 3 * 2**30
+    assert gpu.available_to_this_process == 17 * 2**30 and gpu.pcie_rx_bytes_per_s is None
+
+
+def test_the_monitor_samples_on_its_own_thread(monkeypatch) -> None:
+    monkeypatch.setattr(memory_monitor, "SAMPLE_INTERVAL_S", 0.01)
+    monitor = MemoryMonitor(interval_s=0.01)
+    monitor.start()
+    try:
+        import time
+
+        deadline = time.monotonic() + 5
+        while monitor.latest is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        monitor.stop()
+    assert monitor.latest is not None and not monitor.running
+
+
+def test_export_writes_the_figures_as_json_and_the_charts_as_png(qtbot, window, backend, tmp_path: Path) -> None:
+    engine = backend.engines[-1]
+    for event in [LayerRouted(0, (1, 2), (), True), TokenGenerated(0, 5, 0.2), *_snapshot_events()]:
+        engine.events.emit(event)
+    written = window.panel.export_to(tmp_path / "figures")
+    data = json.loads(written[0].read_text())
+    assert data["format"] == "seqmoe-panel-figures" and data["model"]["name"] == "seqmoe-demo"
+    assert data["figures"]["counters"]["tokens"] == 1 and data["figures"]["cache_cells"]["in use"] == 1
+    pngs = {path.name.rsplit("-", 1)[-1] for path in written[1:]}
+    assert {"map.png", "forecast.png", "stalls.png", "memory.png", "panel.png"} <= pngs
+    for path in written[1:]:
+        image = QImage(str(path))
+        assert not image.isNull() and image.width() > 10
+
+
+def test_the_panel_costs_little_while_the_demo_model_generates(qtbot, data_dir: Path) -> None:
+    """Robust figures only; tools/measure_panel.py compares visible and hidden properly."""
+    import time
+
+    from seqmoe_chat.application import open_context
+    from seqmoe_chat.main_window import MainWindow
+
+    context = open_context(data_dir)
+    context.settings.engine.policy = "seqmoe"
+    window = MainWindow(context)
+    qtbot.addWidget(window)
+    window.show()
+    window.start()
+    qtbot.waitUntil(lambda: context.client.model is not None, timeout=120_000)
+    started = time.perf_counter()
+    send(qtbot, window, "Hello! What do you like to do on weekends?")
+    qtbot.waitUntil(lambda: not window.session.busy, timeout=120_000)
+    wall = time.perf_counter() - started
+    window.panel.refresh()
+    cost = window.panel.cost
+    print(f"\npanel while generating: {cost.refreshes} refreshes, {cost.events} events, "
+          f"{cost.share_of_core(wall):.1%} of a core in refreshes over {wall:.1f} s")
+    assert cost.refreshes > 0 and cost.events > 0 and window.panel.model.counters.tokens > 0
+    window.close()

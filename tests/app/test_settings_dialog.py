@@ -1,0 +1,183 @@
+"""The settings dialog: the VRAM-budget slider and what it shows, the engine page, and the
+budget applied to the real demo model between two generations without reloading it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from PySide6.QtCore import QEventLoop, QObject, QTimer, Slot
+from seqmoe.budget import CacheGeometry
+from seqmoe.resources import demo_model_dir
+
+from seqmoe_chat.budget_slider import GB, BudgetSlider, describe_budget
+from seqmoe_chat.engine_client import EngineClient
+from seqmoe_chat.engine_settings import EngineContext, horizon_text
+from seqmoe_chat.settings_dialog import SettingsDialog
+from seqmoe_chat.store import EngineOptions, SamplingSettings, Settings
+from seqmoe_chat.store.speed_history import expected_speed
+from seqmoe_chat.worker import ModelInfo
+
+from .test_chat import send, wait_idle
+
+GEOMETRY = CacheGeometry(total_experts=64, bytes_per_expert=50 * 2**20, resident_bytes=2 * GB, kv_bytes=GB // 2,
+                         workspace_bytes=GB // 2, top_k=2)
+MODEL = ModelInfo("test-moe", "/models/test-moe", "cuda:0", "TestMoe", "seqmoe", 20, 64, GEOMETRY, 4, 16,
+                  "cuda", 25.0, 4)
+
+
+def test_the_slider_shows_slots_ratio_speed_and_fit_live(qtbot) -> None:
+    slider = BudgetSlider(MODEL, available_bytes=8 * GB, speeds={20: 12.0, 40: 20.0}, budget_gb=None,
+                          cache_ratio=0.45)
+    qtbot.addWidget(slider)
+    slider.enabled_box.setChecked(True)
+    # Initially at the budget that buys the current 20 slots.
+    assert slider.slots.text() == "20 of 64 (cache ratio 0.31)" and "12.0 tok/s (measured at 20 slots)" in slider.speed.text()
+    slider.spin.setValue(GEOMETRY.budget_bytes_for(30) / GB + 0.001)
+    assert slider.slots.text().startswith("30 of 64") and "16.0 tok/s (between the 20 and 40 slots measured)" in slider.speed.text()
+    assert slider.slider.value() == round(slider.spin.value() * GB / slider.unit)
+    assert slider.fit.text().startswith("Runs with SeqMoE: 47%")
+    slider.slider.setValue(slider.slider.minimum())
+    assert slider.fit.text().startswith("Too small") and slider.speed.text() == "–"
+    # 8 GB are free and the whole model takes 6.1 GB: the slider ends where everything fits.
+    slider.slider.setValue(slider.slider.maximum())
+    assert slider.spin.value() == pytest.approx(GEOMETRY.budget_bytes_for(64) / GB, abs=0.001)
+    assert slider.fit.text().startswith("Fits entirely")
+    assert slider.budget_gb() == round(slider.spin.value(), 3)
+    slider.enabled_box.setChecked(False)
+    assert slider.budget_gb() is None and slider.slots.text().startswith("29 of 64")
+
+
+def test_the_slider_stops_at_the_available_vram_and_says_not_measured_yet(qtbot) -> None:
+    slider = BudgetSlider(MODEL, available_bytes=4 * GB, speeds={}, budget_gb=3.5, cache_ratio=0.45)
+    qtbot.addWidget(slider)
+    assert slider.spin.maximum() == pytest.approx(4.0) and slider.speed.text() == "not measured yet"
+    assert slider.spin.singleStep() == pytest.approx(0.05)
+    slider.slider.setValue(slider.slider.maximum())
+    assert slider.fit.text().startswith("Runs with SeqMoE")  # 4 GB never holds all 64 experts
+
+
+def test_without_a_model_the_budget_can_still_be_set() -> None:
+    assert describe_budget(None, 4 * GB, {})[0] == "load a model to see what a budget buys"
+    assert horizon_text(None) == "shown once a model is loaded"
+    assert horizon_text(replace(MODEL, policy="lru", predictor_horizon=None)) == "none: the lru policy does not forecast"
+    assert horizon_text(MODEL).startswith("4 MoE layers ahead") and "no setting" in horizon_text(MODEL)
+
+
+def test_expected_speed_from_measurements() -> None:
+    assert expected_speed({}, 10) is None
+    assert expected_speed({10: 5.0}, 30).tokens_per_s == 5.0
+    assert expected_speed({10: 5.0, 30: 9.0}, 20).tokens_per_s == pytest.approx(7.0)
+
+
+def test_the_dialog_applies_every_setting(qtbot) -> None:
+    settings = Settings(sampling=SamplingSettings(temperature=0.0))
+    dialog = SettingsDialog(settings, engine=EngineContext(MODEL, 8 * GB, lambda policy: {}))
+    qtbot.addWidget(dialog)
+    page = dialog.engine
+    page.policy.setCurrentIndex(page.policy.findData("gate"))
+    page.device.setCurrentIndex(page.device.findData("cpu"))
+    page.link.setValue(3.5)
+    page.budget.enabled_box.setChecked(True)
+    page.budget.spin.setValue(3.25)
+    dialog.panel_hz.setValue(4)
+    dialog.theme.setCurrentIndex(dialog.theme.findData("dark"))
+    dialog.apply_to(settings)
+    assert settings.engine == EngineOptions(device="cpu", policy="gate", cache_ratio=0.45, vram_budget_gb=3.25,
+                                            link_gbps=3.5)
+    assert (settings.panel_hz, settings.theme) == (4, "dark")
+    page.policy.setCurrentIndex(page.policy.findData("full"))
+    assert not page.budget.isEnabled()
+
+
+def test_accepted_settings_reconfigure_the_loaded_model_and_are_saved(qtbot, window, backend, monkeypatch) -> None:
+    def accept(dialog: SettingsDialog) -> int:
+        dialog.engine.budget.enabled_box.setChecked(True)
+        dialog.engine.budget.spin.setValue(GEOMETRY_OF_FAKE.budget_bytes_for(6) / GB + 0.0005)
+        return 1
+
+    GEOMETRY_OF_FAKE = backend.engines[-1].geometry
+    monkeypatch.setattr(SettingsDialog, "exec", accept)
+    window.open_settings()
+    qtbot.waitUntil(lambda: window.client.model.cache_slots == 6, timeout=5000)
+    assert backend.engines[-1].cache_slots == 6 and len(backend.engines) == 1  # resized, not reloaded
+    assert window.panel.info.cache_slots == 6
+    stored = window.context.settings_store.load()
+    assert stored.engine.vram_budget_gb == window.settings.engine.vram_budget_gb is not None
+    send(qtbot, window, "After the resize")
+    wait_idle(qtbot, window)
+
+
+@pytest.fixture(scope="module")
+def demo_client(qapp):
+    """The real worker with the real demo model on the CPU, seqmoe policy, 30% of the experts."""
+    client = EngineClient()
+    loop = QEventLoop()
+    client.worker.sig_model_loaded.connect(loop.quit)
+    client.worker.sig_load_failed.connect(loop.quit)
+    QTimer.singleShot(120_000, loop.quit)
+    client.load(str(demo_model_dir()), EngineOptions(device="cpu", policy="seqmoe", cache_ratio=0.3))
+    loop.exec()
+    assert client.model is not None, "the demo model did not load"
+    yield client
+    client.shut_down()
+
+
+class Collector(QObject):
+    """Receives the worker's signals on this (the GUI) thread, in the order they were sent."""
+
+    def __init__(self, client: EngineClient) -> None:
+        super().__init__()
+        self.events: list[tuple] = []
+        worker = client.worker
+        worker.sig_reply_finished.connect(self.on_reply_finished)
+        worker.sig_model_reconfigured.connect(self.on_reconfigured)
+        worker.sig_reconfigure_failed.connect(self.on_reconfigure_failed)
+
+    @Slot(int, object)
+    def on_reply_finished(self, request_id: int, result: object) -> None:
+        self.events.append(("reply", request_id, result))
+
+    @Slot(int, object)
+    def on_reconfigured(self, request_id: int, info: object) -> None:
+        self.events.append(("resized", request_id, info))
+
+    @Slot(int, str, object)
+    def on_reconfigure_failed(self, request_id: int, reason: str, info: object) -> None:
+        self.events.append(("refused", request_id, reason, info))
+
+    def wait_for(self, qtbot, request_id: int) -> tuple:
+        qtbot.waitUntil(lambda: any(event[1] == request_id for event in self.events), timeout=120_000)
+        return next(event for event in self.events if event[1] == request_id)
+
+
+def test_the_budget_resizes_the_demo_models_cache_between_generations(qtbot, demo_client) -> None:
+    collector = Collector(demo_client)
+    messages = [{"role": "user", "content": "Tell me about the mountains you like to hike."}]
+    greedy = SamplingSettings(temperature=0.0, max_new_tokens=12)
+    before = demo_client.model
+    first = collector.wait_for(qtbot, demo_client.generate(messages, greedy))[2]
+    assert first.stats["cache_slots"] == before.cache_slots
+    budget = before.geometry.budget_bytes_for(before.cache_slots * 2) / GB + 0.0001
+    options = EngineOptions(device="cpu", policy="seqmoe", vram_budget_gb=round(budget, 4))
+    # Asked for while a reply runs: the resize waits for it.
+    running = demo_client.generate(messages, greedy)
+    resize = demo_client.reconfigure(options)
+    _, _, after = collector.wait_for(qtbot, resize)
+    assert [event[1] for event in collector.events[1:]] == [running, resize]
+    assert collector.events[1][2].stats["cache_slots"] == before.cache_slots
+    assert after.cache_slots == before.geometry.slots_for_budget(int(options.vram_budget_gb * GB))
+    assert after.cache_slots == 2 * before.cache_slots == demo_client.model.cache_slots
+    second = collector.wait_for(qtbot, demo_client.generate(messages, greedy))[2]
+    assert second.stats["cache_slots"] == after.cache_slots
+    assert second.text == first.text  # the same greedy reply from a larger cache
+    print(f"\ndemo model: {before.cache_slots} slots {first.stats['decode_tokens_per_s']:.1f} tok/s, "
+          f"{after.cache_slots} slots {second.stats['decode_tokens_per_s']:.1f} tok/s")
+
+
+def test_a_budget_below_the_minimum_is_refused_and_the_cache_kept(qtbot, demo_client) -> None:
+    collector = Collector(demo_client)
+    slots = demo_client.model.cache_slots
+    request = demo_client.reconfigure(EngineOptions(device="cpu", policy="seqmoe", vram_budget_gb=0.01))
+    _kind, _id, reason, info = collector.wait_for(qtbot, request)
+    assert "minimum" in reason and info.cache_slots == slots == demo_client.model.cache_slots
