@@ -21,6 +21,9 @@ from .composer import Composer
 from .conversation_dialog import ConversationDialog
 from .engine_settings import engine_context
 from .model_bar import ModelBar
+from .model_manager.dialog import ModelsDialog
+from .model_manager.manager import ModelManager
+from .models.library import BUNDLED
 from .panel.dock import TelemetryDock
 from .settings_dialog import SettingsDialog
 from .sidebar import Sidebar
@@ -67,7 +70,7 @@ class MainWindow(QMainWindow):
         self.splitter.setSizes([260, 940])
         self.setCentralWidget(self.splitter)
         self.model_bar = ModelBar()
-        toolbar = self.addToolBar("Model")
+        toolbar = self.model_toolbar = self.addToolBar("Model")
         toolbar.setObjectName("modelToolbar")
         toolbar.setMovable(False)
         toolbar.addWidget(self.model_bar)
@@ -76,6 +79,9 @@ class MainWindow(QMainWindow):
         self.panel = TelemetryDock(self.client, self.settings.panel_hz, self)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.panel)
 
+        self.models = ModelManager(context.data_dir, lambda: self.client.model.path if self.client.model else None,
+                                   parent=self)
+        self._models_dialog: ModelsDialog | None = None
         self._load_id: int | None = None
         self._reply_started = 0.0
         self._model = self.settings.model if model is None else model
@@ -93,6 +99,7 @@ class MainWindow(QMainWindow):
         if self.context.database.notice:
             dialogs.show_error(self, "Chat database replaced", self.context.database.notice)
         self.load_model(self._model)
+        self.models.start()
         self.composer.input.setFocus()
 
     # Actions and menus
@@ -122,6 +129,9 @@ class MainWindow(QMainWindow):
         self.action_load = action("&Load Model", lambda: self.load_model(self.model_bar.chosen_model()))
         self.action_unload = action("&Unload Model", self.client.unload)
         self.action_cancel_load = action("&Cancel Loading", self.client.cancel_load)
+        self.action_models = action("&Models…", self.open_models, tip="Download, manage and calibrate models")
+        # Beside the model bar, not in it: a narrow window moves it to the toolbar's overflow menu.
+        self.model_toolbar.addAction(self.action_models)
         self.action_stop.setEnabled(False)
         self.theme_actions = QActionGroup(self)
         for theme in THEMES:
@@ -136,7 +146,7 @@ class MainWindow(QMainWindow):
               self.action_export_all, None, self.action_settings, None, self.action_quit)
         _fill(bar.addMenu("&Chat"), self.action_stop, self.action_regenerate, self.action_conversation_settings, None,
               self.action_find, self.action_rename, self.action_delete)
-        _fill(bar.addMenu("&Model"), self.action_load, self.action_unload, self.action_cancel_load)
+        _fill(bar.addMenu("&Model"), self.action_models, None, self.action_load, self.action_unload, self.action_cancel_load)
         view_menu = bar.addMenu("&View")
         _fill(view_menu, self.panel.toggleViewAction())
         _fill(view_menu.addMenu("&Theme"), *self.theme_actions.actions())
@@ -166,6 +176,9 @@ class MainWindow(QMainWindow):
         self.model_bar.sig_load_requested.connect(self.load_model)
         self.model_bar.sig_unload_requested.connect(self.client.unload)
         self.model_bar.sig_load_cancel_requested.connect(self.client.cancel_load)
+        self.models.sig_library_changed.connect(self._on_library_changed)
+        self.models.sig_download_finished.connect(
+            lambda entry: self.status.showMessage(f"{entry.repo_id} is downloaded; it is in the model list.", STATUS_MESSAGE_MS))
         worker.sig_load_progressed.connect(self._on_load_progressed)
         worker.sig_model_loaded.connect(self._on_model_loaded)
         worker.sig_load_failed.connect(self._on_load_failed)
@@ -344,6 +357,19 @@ class MainWindow(QMainWindow):
         self.status.show_model(info)
         dialogs.show_error(self, "The expert cache was not changed", reason)
 
+    def open_models(self) -> None:
+        if self._models_dialog is None:
+            self._models_dialog = ModelsDialog(self.models, self._vram_budget_bytes, self)
+            self._models_dialog.sig_load_requested.connect(self.load_model)
+        self._models_dialog.open_tab()
+
+    def _vram_budget_bytes(self) -> int | None:
+        budget = self.settings.engine.vram_budget_gb
+        return int(budget * 2**30) if budget else None
+
+    def _on_library_changed(self, items: list) -> None:
+        self.model_bar.set_library([(i.model.name, str(i.model.path)) for i in items if i.model.source != BUNDLED])
+
     # Settings, theme, window state
 
     def open_settings(self) -> None:
@@ -389,6 +415,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.session.stop()
+        self.models.shut_down()
         self.save_layout()
         self.client.shut_down()
         super().closeEvent(event)

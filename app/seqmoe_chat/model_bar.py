@@ -1,7 +1,8 @@
 """The toolbar's model controls: which model, load, unload, and loading progress with Cancel.
 
-Choosing and downloading models belongs to the model manager; here the choice is the
-bundled demo model, recently used folders, or another folder on disk.
+Choosing and downloading models belongs to the model manager (the "Models…" action beside
+this bar); here the choice is the bundled demo model, recently used folders, the models of
+the library, or another folder on disk.
 """
 
 from __future__ import annotations
@@ -46,15 +47,22 @@ class ModelBar(QWidget):
         for widget in (self.models, self.load_button, self.unload_button, self.progress, self.stage, self.cancel_button):
             layout.addWidget(widget)
         self._previous_index = 0
+        self._recent: list[str] = []
+        self._library: list[tuple[str, str]] = []
         self.set_models([], "")
         self.show_unloaded()
 
     def set_models(self, recent: list[str], current: str) -> None:
+        self._recent = list(recent)
         self.models.clear()
         self.models.addItem(DEMO_LABEL, "")
         for model in recent:
             self.models.addItem(Path(model).name or model, model)
             self.models.setItemData(self.models.count() - 1, model, Qt.ItemDataRole.ToolTipRole)
+        for label, model in self._library:
+            if self.models.findData(model) < 0:
+                self.models.addItem(label, model)
+                self.models.setItemData(self.models.count() - 1, model, Qt.ItemDataRole.ToolTipRole)
         self.models.addItem("Other folder…", _OTHER)
         index = self.models.findData(current)
         if index < 0:
@@ -62,6 +70,11 @@ class ModelBar(QWidget):
             index = 1
         self.models.setCurrentIndex(index)
         self._previous_index = index
+
+    def set_library(self, models: list[tuple[str, str]]) -> None:
+        """The library's models (label, folder), listed after the recent ones; the choice stays."""
+        self._library = list(models)
+        self.set_models(self._recent, self.chosen_model())
 
     def chosen_model(self) -> str:
         return str(self.models.currentData())

@@ -17,13 +17,16 @@ EMULATED_VRAM_BYTES = 8 * 2**30
 class DeviceMemory:
     kind: str  # "cuda" or "emulated"
     name: str
-    vram_bytes: int
+    vram_bytes: int  # the budget fits are judged for
     ram_bytes: int
+    budget_set: bool = False  # the budget is the one chosen in the settings
 
     def describe(self) -> str:
+        budget = " (the VRAM budget in Settings)" if self.budget_set else ""
         if self.kind == "cuda":
-            return f"{self.name}: {gib(self.vram_bytes)} of VRAM, {gib(self.ram_bytes)} of RAM"
-        return f"No CUDA GPU: fits are shown for an emulated {gib(self.vram_bytes)} GPU; {gib(self.ram_bytes)} of RAM"
+            return f"{self.name}: {gib(self.vram_bytes)} of VRAM{budget}, {gib(self.ram_bytes)} of RAM"
+        return (f"No CUDA GPU: fits are shown for an emulated {gib(self.vram_bytes)} GPU{budget}; "
+                f"{gib(self.ram_bytes)} of RAM")
 
 
 @dataclass(frozen=True)
@@ -33,16 +36,17 @@ class Fit:
     cached_fraction: float  # of all routed experts, in VRAM
 
 
-def probe_device() -> DeviceMemory:
-    """The CUDA device's memory (``torch.cuda.mem_get_info``) or the emulated budget, and the RAM."""
+def probe_device(budget_bytes: int | None = None) -> DeviceMemory:
+    """The VRAM budget chosen in the settings, else the CUDA device's memory
+    (``torch.cuda.mem_get_info``), else the emulated GPU's; and the RAM."""
     import psutil
     import torch
 
     ram = psutil.virtual_memory().total
     if torch.cuda.is_available():
         _free, total = torch.cuda.mem_get_info()
-        return DeviceMemory("cuda", torch.cuda.get_device_name(), total, ram)
-    return DeviceMemory("emulated", "emulated GPU", EMULATED_VRAM_BYTES, ram)
+        return DeviceMemory("cuda", torch.cuda.get_device_name(), budget_bytes or total, ram, budget_bytes is not None)
+    return DeviceMemory("emulated", "emulated GPU", budget_bytes or EMULATED_VRAM_BYTES, ram, budget_bytes is not None)
 
 
 def fit(shape: ModelShape, device: DeviceMemory) -> Fit:

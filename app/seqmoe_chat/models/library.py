@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .json_file import StoredFileError, read_json, write_json
 from .model_folders import SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION, models_dir
+from .predictor_state import PredictorState, predictor_state
 
 LIBRARY_FILE = "library.json"
 LIBRARY_FORMAT = "seqmoe-chat-library"
@@ -37,6 +38,12 @@ class LibraryModel:
     revision: str = ""  # the commit of a Hugging Face cache snapshot
 
 
+@dataclass(frozen=True)
+class LibraryItem:
+    model: LibraryModel
+    predictor: PredictorState
+
+
 class Library:
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
@@ -58,6 +65,11 @@ class Library:
         if (demo / "config.json").is_file():
             found.append(LibraryModel("SeqMoE demo", demo, BUNDLED, _size(demo)))
         return found
+
+    def items(self) -> list[LibraryItem]:
+        """Every model with its predictor's state (this reads files and imports the engine: call it
+        off the GUI thread)."""
+        return [LibraryItem(model, predictor_state(model.path)) for model in self.models()]
 
     def import_folder(self, folder: Path) -> LibraryModel:
         """Add a model folder after the engine loader's checks; raises ``seqmoe.ModelRefused``."""

@@ -1,0 +1,51 @@
+"""A slow call (a hub request, a scan of the disk, the first import of PyTorch) run on Qt's
+thread pool; its result or exception comes back on the GUI thread, unless the widget that
+asked has gone by then."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import shiboken6
+from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal, Slot
+
+_pending: set[_Relay] = set()  # relays live until their answer is delivered
+
+
+class _Relay(QObject):
+    sig_answered = Signal(bool, object)  # succeeded, result or exception
+
+    def __init__(self, guard: QObject, on_finished: Callable[[Any], None], on_failed: Callable[[Exception], None]) -> None:
+        super().__init__()  # no parent: it lives on the GUI thread, owned by _pending
+        self.guard, self.on_finished, self.on_failed = guard, on_finished, on_failed
+        self.sig_answered.connect(self._deliver)
+
+    @Slot(bool, object)
+    def _deliver(self, succeeded: bool, value: object) -> None:
+        _pending.discard(self)
+        if not shiboken6.isValid(self.guard):
+            return
+        (self.on_finished if succeeded else self.on_failed)(value)
+
+
+class _Call(QRunnable):
+    def __init__(self, call: Callable[[], Any], relay: _Relay) -> None:
+        super().__init__()
+        self.call, self.relay = call, relay
+
+    def run(self) -> None:
+        try:
+            result = self.call()
+        except Exception as error:  # noqa: BLE001 - handed to the GUI thread, which reports it
+            self.relay.sig_answered.emit(False, error)
+        else:
+            self.relay.sig_answered.emit(True, result)
+
+
+def run_in_background(
+    call: Callable[[], Any], on_finished: Callable[[Any], None], on_failed: Callable[[Exception], None], guard: QObject
+) -> None:
+    relay = _Relay(guard, on_finished, on_failed)
+    _pending.add(relay)
+    QThreadPool.globalInstance().start(_Call(call, relay))

@@ -1,0 +1,129 @@
+"""The model manager of the running app: it owns the download queue, the calibration process
+and the library listing, polls the child processes from a timer while they run, and tells
+the widgets (and the main window's model selector) what changed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from ..models.calibration_job import CalibrationRunner, CalibrationStatus
+from ..models.download_runner import DownloadRunner
+from ..models.library import Library, LibraryError, LibraryItem
+from .background import run_in_background
+
+POLL_MS = 200
+
+
+class ModelManager(QObject):
+    sig_downloads_changed = Signal()
+    sig_download_finished = Signal(object)  # DownloadEntry, done and verified
+    sig_calibration_changed = Signal(object)  # CalibrationStatus
+    sig_library_changed = Signal(object)  # list[LibraryItem]
+    sig_library_failed = Signal(str)
+
+    def __init__(
+        self,
+        data_dir: Path,
+        loaded_path: Callable[[], str | None] = lambda: None,
+        downloads: DownloadRunner | None = None,
+        calibration: CalibrationRunner | None = None,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.loaded_path = loaded_path
+        self.downloads = downloads or DownloadRunner(data_dir)
+        self.calibration = calibration or CalibrationRunner()
+        self.library = Library(data_dir)
+        self.items: list[LibraryItem] = []
+        self._timer = QTimer(self)
+        self._timer.setInterval(POLL_MS)
+        self._timer.timeout.connect(self._poll)
+
+    def start(self) -> None:
+        """After the window shows: list the library, continue the queued downloads."""
+        self.refresh_library()
+        self._follow()
+
+    # Downloads
+
+    def enqueue(self, repo_id: str, revision: str = "main", total_bytes: int = 0) -> None:
+        """Raises ``HubRefusal`` when it cannot be queued (already here, too little disk)."""
+        self.downloads.enqueue(repo_id, revision, total_bytes)
+        self._follow()
+
+    def cancel_download(self, repo_id: str) -> None:
+        self.downloads.cancel(repo_id)
+        self.sig_downloads_changed.emit()
+
+    def resume_download(self, repo_id: str) -> None:
+        self.downloads.resume(repo_id)
+        self._follow()
+
+    def discard_download(self, repo_id: str) -> None:
+        self.downloads.discard(repo_id)
+        self.sig_downloads_changed.emit()
+
+    # Calibration
+
+    def calibrate(self, model: Path) -> CalibrationStatus:
+        status = self.calibration.start(model)
+        self.sig_calibration_changed.emit(status)
+        self._follow()
+        return status
+
+    def cancel_calibration(self) -> None:
+        self.calibration.cancel()
+        if self.calibration.status is not None:
+            self.sig_calibration_changed.emit(self.calibration.status)
+
+    # Library
+
+    def refresh_library(self) -> None:
+        run_in_background(self.library.items, self._on_listed, self._on_list_failed, self)
+
+    def delete(self, item: LibraryItem) -> None:
+        """Raises ``LibraryError`` (the loaded model, the bundled one, a file system error)."""
+        loaded = self.loaded_path()
+        if loaded and Path(loaded) == item.model.path:
+            raise LibraryError(f"{item.model.name} is loaded; unload it first")
+        self.library.delete(item.model)
+        self.refresh_library()
+
+    def import_folder(self, folder: Path, on_failed: Callable[[Exception], None]) -> None:
+        """Check and add ``folder`` off the GUI thread (the check imports the engine)."""
+        run_in_background(lambda: self.library.import_folder(folder), lambda _model: self.refresh_library(), on_failed, self)
+
+    def shut_down(self) -> None:
+        """The app quits: the running download stays queued for next time, a calibration stops."""
+        self._timer.stop()
+        self.downloads.shut_down()
+        self.calibration.shut_down()
+
+    def _on_listed(self, items: list[LibraryItem]) -> None:
+        self.items = items
+        self.sig_library_changed.emit(items)
+
+    def _on_list_failed(self, error: Exception) -> None:
+        self.sig_library_failed.emit(f"The library could not be listed: {error}")
+
+    def _follow(self) -> None:
+        self.sig_downloads_changed.emit()
+        if self.downloads.busy or self.calibration.busy:
+            self._timer.start()
+
+    def _poll(self) -> None:
+        self.downloads.poll()
+        self.sig_downloads_changed.emit()
+        while self.downloads.finished:
+            self.sig_download_finished.emit(self.downloads.finished.pop(0))
+            self.refresh_library()
+        status = self.calibration.status
+        if self.calibration.poll() and status is not None:
+            self.sig_calibration_changed.emit(status)
+            if not self.calibration.busy:
+                self.refresh_library()
+        if not (self.downloads.busy or self.calibration.busy):
+            self._timer.stop()

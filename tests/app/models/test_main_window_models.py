@@ -1,0 +1,36 @@
+"""The main window's way into the model manager: the Model menu and the model toolbar open the
+Models window, the library's models join the model selector, and Load there loads them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from seqmoe_chat.models.model_folders import SOURCE_FILE, target_dir
+
+from .conftest import TINY
+
+
+def test_the_library_joins_the_model_selector_and_loads_from_the_models_window(
+    qtbot, make_window, data_dir: Path, tiny_repo: Path, backend
+) -> None:
+    folder = shutil.copytree(tiny_repo, target_dir(data_dir, TINY))
+    (folder / SOURCE_FILE).write_text(json.dumps({"format": "seqmoe-model-source", "version": 1, "repo_id": TINY}))
+    window = make_window()
+    combo = window.model_bar.models
+    qtbot.waitUntil(lambda: combo.findData(str(folder)) >= 0, timeout=30_000)
+    assert combo.itemText(combo.findData(str(folder))) == TINY
+    assert "&Models…" in [a.text() for a in window.menuBar().actions()[2].menu().actions()]
+    window.model_toolbar.widgetForAction(window.action_models).click()
+    dialog = window._models_dialog
+    qtbot.waitUntil(dialog.isVisible)
+    library = dialog.library
+    qtbot.waitUntil(lambda: any(i.model.path == folder for i in library.items), timeout=30_000)
+    library.select(str(folder))
+    library.buttons["Load"].click()
+    qtbot.waitUntil(lambda: window.client.model is not None and window.client.model.path.endswith(folder.name),
+                    timeout=10_000)
+    assert window.settings.model == str(folder)
+    window.action_models.trigger()  # the menu opens the same window again
+    assert window._models_dialog is dialog and dialog.isVisible()

@@ -1,0 +1,132 @@
+"""The Models window with pytest-qt: the catalog with fit labels, offline notes, a hub id
+checked and downloaded with visible progress, the library, deletion and calibration."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from PySide6.QtWidgets import QPushButton
+
+from seqmoe_chat.model_manager import catalog_tab, prompts
+from seqmoe_chat.model_manager.dialog import ModelsDialog
+from seqmoe_chat.model_manager.manager import ModelManager
+from seqmoe_chat.models.calibration_job import CalibrationRunner
+from seqmoe_chat.models.download_queue import DONE
+from seqmoe_chat.models.download_runner import DownloadRunner, RetryPolicy
+from seqmoe_chat.models.fit import DeviceMemory
+from seqmoe_chat.models.library import DOWNLOADED
+from seqmoe_chat.models.model_folders import target_dir
+
+from .conftest import TINY
+
+GIB = 2**30
+RTX_4090 = DeviceMemory("cuda", "Test GPU", 24 * GIB, 64 * GIB)
+# Prints progress as `seqmoe calibrate` does (tqdm lines on stderr), then its last line.
+FAKE_CALIBRATE = (
+    "import sys, time\n"
+    "for p in (10, 50, 90):\n"
+    "    print(f'Training the predictor (epoch {p}):  {p}%|###   | {p}/100', file=sys.stderr, flush=True); time.sleep(0.2)\n"
+    "print('calibrated in 1 s of training: validation loss 0.2000; predictor saved to x', file=sys.stderr)\n"
+)
+
+
+@pytest.fixture
+def window(qtbot, data_dir: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(catalog_tab, "probe_device", lambda budget: RTX_4090)
+
+    def make(**manager_options) -> ModelsDialog:
+        downloads = DownloadRunner(data_dir, policy=RetryPolicy(backoff_s=(0.1,)))
+        manager = ModelManager(data_dir, downloads=downloads, **manager_options)
+        dialog = ModelsDialog(manager)
+        qtbot.addWidget(dialog)
+        manager.start()
+        dialog.open_tab()
+        return dialog
+
+    return make
+
+
+def test_the_catalog_lists_every_model_with_what_fits_this_computer(qtbot, window) -> None:
+    dialog = window()
+    qtbot.waitUntil(lambda: dialog.catalog.table.rowCount() == 10, timeout=30_000)
+    labels = dialog.catalog.fit_labels()
+    assert labels["OLMoE 1B-7B Instruct"] == "fits entirely"
+    assert labels["Qwen3-30B-A3B Instruct 2507"] == "runs with SeqMoE at 37% cached"
+    assert labels["Mixtral 8x7B Instruct v0.1"].startswith("too large for this RAM (needs 87.0 GiB")
+    assert labels["DeepSeek-V2-Lite Chat"].startswith("cannot run: its config.json asks for remote code")
+    assert dialog.catalog.device_line.text() == "Test GPU: 24.0 GiB of VRAM, 64.0 GiB of RAM"
+
+
+def test_offline_the_catalog_says_downloads_need_a_connection(qtbot, window) -> None:
+    dialog = window()  # the app tests run with HF_HUB_OFFLINE=1
+    qtbot.waitUntil(lambda: dialog.catalog.table.rowCount() == 10, timeout=30_000)
+    assert "downloads need a connection" in dialog.catalog.connection.text()
+    buttons = [dialog.catalog.table.cellWidget(r, 7) for r in range(10)]
+    assert all(isinstance(b, QPushButton) and not b.isEnabled() for b in buttons)
+    hub = dialog.catalog.hub
+    hub.reference.setText("allenai/OLMoE-1B-7B-0924-Instruct")
+    hub.check()
+    qtbot.waitUntil(lambda: "downloads need a connection" in hub.result.text(), timeout=10_000)
+    assert hub.download_button.isHidden()
+
+
+def test_a_hub_id_is_checked_downloaded_with_progress_and_joins_the_library(qtbot, window, hub, data_dir: Path) -> None:
+    hub.chunk_delay_s = 0.01
+    dialog = window()
+    panel = dialog.catalog.hub
+    panel.reference.setText(f"https://huggingface.co/{TINY}")
+    panel.check()
+    qtbot.waitUntil(lambda: panel.download_button.isVisible(), timeout=30_000)
+    assert "Qwen3MoeForCausalLM" in panel.result.text() and "2 MoE layers × 8 experts, top-2" in panel.result.text()
+    panel.download_button.click()
+    assert dialog.tabs.currentWidget() is dialog.downloads
+    row = dialog.downloads.rows[TINY]
+    qtbot.waitUntil(lambda: " of " in row.detail.text() and row.progress.value() > 0, timeout=60_000)
+    assert "MB" in row.detail.text() and row.cancel_button.isVisible()
+    entry = dialog.manager.downloads.queue.get(TINY)
+    qtbot.waitUntil(lambda: entry.state == DONE, timeout=120_000)
+    qtbot.waitUntil(lambda: dialog.offer_bar.isVisible(), timeout=5_000)
+    assert TINY in dialog.offer.text()
+    qtbot.waitUntil(lambda: any(i.model.source == DOWNLOADED for i in dialog.library.items), timeout=30_000)
+    names = [dialog.library.table.item(r, 0).text() for r in range(dialog.library.table.rowCount())]
+    assert TINY in names
+    (item,) = [i for i in dialog.library.items if i.model.source == DOWNLOADED]
+    assert item.model.path == target_dir(data_dir, TINY) and item.predictor.summary == "not calibrated"
+
+
+def test_the_library_deletes_after_confirmation_and_reveals_folders(
+    qtbot, window, data_dir: Path, tiny_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = shutil.copytree(tiny_repo, target_dir(data_dir, TINY))
+    dialog = window()
+    library = dialog.library
+    qtbot.waitUntil(lambda: any(i.model.path == folder for i in library.items), timeout=30_000)
+    library.select(str(folder))
+    revealed: list[Path] = []
+    monkeypatch.setattr(prompts, "reveal", lambda path: revealed.append(path) or True)
+    library.buttons["Reveal"].click()
+    assert revealed == [folder]
+    monkeypatch.setattr(prompts, "confirm", lambda *args: False)
+    library.buttons["Delete…"].click()
+    assert folder.exists()
+    monkeypatch.setattr(prompts, "confirm", lambda *args: True)
+    library.buttons["Delete…"].click()
+    assert not folder.exists() and "deleted" in library.message.text()
+    qtbot.waitUntil(lambda: all(i.model.path != folder for i in library.items), timeout=30_000)
+
+
+def test_calibration_shows_progress_and_its_result(qtbot, window, data_dir: Path, tiny_repo: Path) -> None:
+    folder = shutil.copytree(tiny_repo, target_dir(data_dir, TINY))
+    dialog = window(calibration=CalibrationRunner(command=[sys.executable, "-c", FAKE_CALIBRATE]))
+    library = dialog.library
+    qtbot.waitUntil(lambda: any(i.model.path == folder for i in library.items), timeout=30_000)
+    library.select(str(folder))
+    library.buttons["Calibrate"].click()
+    assert not library.buttons["Cancel calibration"].isHidden() and not library.buttons["Calibrate"].isEnabled()
+    qtbot.waitUntil(lambda: library.calibration.value() >= 50, timeout=30_000)
+    assert library.calibration_text.text().startswith(f"Calibrating {folder.name}: Training the predictor")
+    qtbot.waitUntil(lambda: not dialog.manager.calibration.busy, timeout=30_000)
+    assert library.calibration_text.text().startswith("calibrated in 1 s") and library.calibration.isHidden()
