@@ -6,13 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QHeaderView, QLabel, QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHeaderView, QLabel, QPushButton, QTableWidgetItem, QVBoxLayout, QWidget
 
 from ..models.catalog import CatalogEntry, load_catalog
 from ..models.fit import DeviceMemory, Fit, fit, probe_device
 from ..models.units import parameters_text, size_text
 from .background import run_in_background
 from .hub_panel import HubPanel
+from .tables import read_only_table
 
 COLUMNS = ("Model", "Parameters", "Experts", "Per expert", "Download", "Licence", "On this computer", "")
 CONNECTION_NOTE = "Downloads need a connection to the Hugging Face hub; models already here work offline."
@@ -48,12 +49,7 @@ class CatalogTab(QWidget):
         self.connection = QLabel(OFFLINE_NOTE if is_offline() else CONNECTION_NOTE)
         self.connection.setObjectName("connectionNote")
         self.connection.setWordWrap(True)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(COLUMNS)
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        self.table.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table = read_only_table(COLUMNS)
         self.table.horizontalHeader().setSectionResizeMode(6, QHeaderView.ResizeMode.Stretch)
         self.hub = HubPanel()
         self.hub.sig_download_requested.connect(

@@ -4,23 +4,14 @@ calibrate (with progress and Cancel), reveal in the file manager, delete, import
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (
-    QHBoxLayout,
-    QHeaderView,
-    QLabel,
-    QProgressBar,
-    QPushButton,
-    QTableWidget,
-    QTableWidgetItem,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QTableWidgetItem, QVBoxLayout, QWidget
 
 from ..models.calibration_job import RUNNING, CalibrationStatus
 from ..models.library import BUNDLED, IMPORTED, LibraryError, LibraryItem
 from ..models.units import size_text
 from . import prompts
 from .manager import ModelManager
+from .tables import read_only_table
 
 COLUMNS = ("Model", "Source", "Size", "Predictor", "Folder")
 
@@ -32,13 +23,7 @@ class LibraryTab(QWidget):
         super().__init__(parent)
         self.manager = manager
         self.items: list[LibraryItem] = []
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(COLUMNS)
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        self.table.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
-        self.table.setSelectionMode(QTableWidget.SelectionMode.SingleSelection)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table = read_only_table(COLUMNS)
         self.table.horizontalHeader().setStretchLastSection(True)
         self.table.itemSelectionChanged.connect(self._update_buttons)
         self.table.itemDoubleClicked.connect(lambda _item: self.load())

@@ -20,6 +20,7 @@ TINY = "seqmoe-tests/tiny-moe"
 GATED = "seqmoe-tests/gated-moe"
 DENSE = "seqmoe-tests/dense"
 REMOTE_CODE = "seqmoe-tests/remote-code-moe"
+PICKLE_ONLY = "seqmoe-tests/pickle-only-moe"
 
 transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
@@ -67,6 +68,17 @@ def remote_code_repo(tiny_repo: Path, tmp_path_factory: pytest.TempPathFactory) 
     return folder
 
 
+@pytest.fixture(scope="session")
+def pickle_only_repo(tiny_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model's config and tokenizer with pickle weights only (never loaded)."""
+    folder = tmp_path_factory.mktemp("repos") / "pickle-only-moe"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_repo / name, folder / name)
+    (folder / "pytorch_model.bin").write_bytes(b"not to be unpickled")
+    return folder
+
+
 @pytest.fixture(autouse=True)
 def hf_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """huggingface_hub's home (cache and token store) and the user cache (predictors) in
@@ -92,7 +104,8 @@ def hf_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch, hf_home: Path, tiny_repo: Path, dense_repo: Path, remote_code_repo: Path):
+def hub(monkeypatch: pytest.MonkeyPatch, hf_home: Path, tiny_repo: Path, dense_repo: Path, remote_code_repo: Path,
+        pickle_only_repo: Path):
     """The stand-in hub with the test repositories, reached by huggingface_hub here and in
     child processes (``HF_ENDPOINT``), online."""
     from huggingface_hub import constants, hf_api
@@ -102,6 +115,7 @@ def hub(monkeypatch: pytest.MonkeyPatch, hf_home: Path, tiny_repo: Path, dense_r
     fake.add(GATED, tiny_repo, gated=True)
     fake.add(DENSE, dense_repo)
     fake.add(REMOTE_CODE, remote_code_repo)
+    fake.add(PICKLE_ONLY, pickle_only_repo)
     url = fake.start()
     monkeypatch.setenv("HF_ENDPOINT", url)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")

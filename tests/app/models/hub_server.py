@@ -164,9 +164,11 @@ class _Handler(BaseHTTPRequestHandler):
             if self.hub.chunk_delay_s:
                 time.sleep(self.hub.chunk_delay_s)
 
-    def _json(self, value: object) -> None:
+    def _json(self, value: object, status: int = 200, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(value).encode()
-        self.send_response(200)
+        self.send_response(status)
+        for name, header in (headers or {}).items():
+            self.send_header(name, header)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -174,13 +176,5 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     def _error(self, status: int, code: str | None, message: str) -> None:
-        data = json.dumps({"error": message}).encode()
-        self.send_response(status)
-        if code:
-            self.send_header("X-Error-Code", code)
-        self.send_header("X-Error-Message", message)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
+        headers = {"X-Error-Code": code} if code else {}
+        self._json({"error": message}, status, {**headers, "X-Error-Message": message})

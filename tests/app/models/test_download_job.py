@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from seqmoe_chat.models import download_job
-from seqmoe_chat.models.hub_errors import DISK_FULL, NO_WEIGHTS, HubRefusal
+from seqmoe_chat.models.hub_errors import DISK_FULL, HubRefusal
 from seqmoe_chat.models.model_folders import SOURCE_FILE
 
 from .conftest import TINY

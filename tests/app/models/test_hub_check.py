@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from seqmoe_chat.models.hub_check import HubReference, check_repo, parse_reference, save_token
-from seqmoe_chat.models.hub_errors import GATED, INVALID, NOT_FOUND, OFFLINE, UNSUPPORTED, HubRefusal
+from seqmoe_chat.models.hub_errors import GATED, INVALID, NO_WEIGHTS, NOT_FOUND, OFFLINE, UNSUPPORTED, HubRefusal
 
 from .conftest import DENSE, GATED as GATED_REPO
-from .conftest import REMOTE_CODE, TINY
+from .conftest import PICKLE_ONLY, REMOTE_CODE, TINY
 from .hub_server import TOKEN
 
 
@@ -51,6 +51,13 @@ def test_an_unsupported_model_is_refused_before_any_weight_is_requested(hub, rep
         check_repo(HubReference(repo_id))
     assert refused.value.kind == UNSUPPORTED and words in str(refused.value)
     assert {r.path.rsplit("/", 1)[-1] for r in hub.file_requests()} <= {"config.json", "tokenizer_config.json"}
+
+
+def test_a_model_with_pickle_weights_only_is_refused(hub) -> None:
+    with pytest.raises(HubRefusal) as refused:
+        check_repo(HubReference(PICKLE_ONLY))
+    assert refused.value.kind == NO_WEIGHTS and "never loads pickle" in str(refused.value)
+    assert not hub.file_requests(".bin")
 
 
 def test_a_gated_model_asks_for_a_token_and_opens_with_one(hub, tmp_path: Path) -> None:

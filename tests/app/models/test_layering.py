@@ -8,21 +8,11 @@ import subprocess
 import sys
 
 import seqmoe_chat.models
-
-BLOCK = """
-import importlib, importlib.abc, sys
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('PySide6', 'shiboken6'):
-            raise ImportError('blocked in this test: ' + name)
-sys.meta_path.insert(0, Block())
-for name in sys.argv[1:]:
-    importlib.import_module(name)
-"""
+from tests.core.test_layering import BLOCK_QT
 
 
 def test_the_model_managers_logic_needs_no_qt() -> None:
     package = seqmoe_chat.models
     names = [f"{package.__name__}.{m.name}" for m in pkgutil.iter_modules(package.__path__)]
-    result = subprocess.run([sys.executable, "-c", BLOCK, *names], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", BLOCK_QT, *names], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
