@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .child_process import STDOUT, ChildProcess
 from .disk_space import check_disk_space
-from .download_queue import CANCELLED, DONE, FAILED, QUEUED, RUNNING, WAITING, DownloadEntry, DownloadQueue
+from .download_queue import ACTIVE_STATES, CANCELLED, DONE, FAILED, QUEUED, RUNNING, WAITING, DownloadEntry, DownloadQueue
 from .hub_errors import FAILED as FAILED_KIND
 from .hub_errors import INVALID, RETRYABLE, STALLED, HubRefusal
 from .model_folders import staging_dir, target_dir
@@ -70,6 +70,9 @@ class DownloadRunner:
         """Queue a download; refused at once when the model is already here or cannot fit on the disk."""
         if target_dir(self.data_dir, repo_id).exists():
             raise HubRefusal(INVALID, f"{repo_id} is already in the library")
+        queued = self.queue.get(repo_id)
+        if queued is not None and queued.state in ACTIVE_STATES:
+            raise HubRefusal(INVALID, f"{repo_id} is already being downloaded (see the Downloads tab)")
         staging = staging_dir(self.data_dir, repo_id)
         kept = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file()) if staging.exists() else 0
         check_disk_space(staging, total_bytes - kept)
@@ -79,7 +82,7 @@ class DownloadRunner:
 
     def cancel(self, repo_id: str) -> None:
         entry = self.queue.get(repo_id)
-        if entry is None or entry.state not in (QUEUED, RUNNING, WAITING):
+        if entry is None or entry.state not in ACTIVE_STATES:
             return
         if self._active is not None and self._active[0] is entry:
             self._active[1].terminate()

@@ -59,6 +59,8 @@ def test_full_download_survives_a_dropped_connection_and_lands_verified(hub, dat
     hub.drop_once.add(shard)  # the server closes the connection at 90% of this file, once
     runner = DownloadRunner(data_dir, policy=FAST_RETRY)
     entry = runner.enqueue(TINY)
+    with pytest.raises(HubRefusal, match="already being downloaded"):
+        runner.enqueue(TINY)
     run_until(runner, finished(runner, TINY))
     assert entry.state == DONE, entry.message
     assert Path(entry.path) == target_dir(data_dir, TINY) and not staging_dir(data_dir, TINY).exists()
