@@ -71,6 +71,7 @@ class CatalogTab(QWidget):
         self.device_line.setText(view.device.describe())
         self.table.setRowCount(len(view.rows))
         offline = is_offline()
+        self.connection.setText(OFFLINE_NOTE if offline else CONNECTION_NOTE)
         for row, (entry, fits) in enumerate(view.rows):
             shape = entry.shape
             stored = f" ({entry.stored_dtype} on disk)" if entry.stored_dtype != "bfloat16" else ""
