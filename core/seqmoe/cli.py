@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--shape", default="olmoe", help="model shape for byte sizes: " + ", ".join(SHAPES))
     simulate.add_argument("--policies", default="lru,seqmoe,oracle")
     simulate.add_argument("--cache-ratios", default="0.2,0.3,0.45,0.6,0.8")
-    simulate.add_argument("--predictor", type=Path, help="predictor file for the seqmoe policy")
+    simulate.add_argument("--predictor", type=Path,
+                          help="predictor file for the seqmoe policy (default: the calibrated or bundled one for the traced model)")
     simulate.add_argument("--json", action="store_true")
 
     calibrate = commands.add_parser("calibrate", help="trace the calibration text and train this model's predictor")
@@ -198,6 +199,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    from .predictor.calibration import find_predictor_for
     from .predictor.model import load_predictor
     from .simulate import simulate
     from .trace import read_traces
@@ -208,9 +210,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     policies = [p for p in args.policies.split(",") if p]
     predictor = None
     if "seqmoe" in policies:
-        if args.predictor is None:
-            raise SeqMoEError("the seqmoe policy needs --predictor FILE")
-        predictor = load_predictor(args.predictor, traces.manifest["model"])
+        path = args.predictor or find_predictor_for(traces.manifest["model"])
+        if path is None:
+            raise SeqMoEError("no predictor for the traced model: give --predictor FILE or run `seqmoe calibrate` first")
+        predictor = load_predictor(path, traces.manifest["model"])
     hardware, shape = HARDWARE[args.profile], SHAPES[args.shape]
     try:
         rows = [

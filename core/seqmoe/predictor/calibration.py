@@ -38,7 +38,11 @@ def bundled_predictor_paths() -> list[Path]:
 
 def find_predictor(loaded: LoadedModel) -> Path | None:
     """The calibrated (user cache) or bundled predictor made for this model, if any."""
-    identity = model_identity(loaded)
+    return find_predictor_for(model_identity(loaded))
+
+
+def find_predictor_for(identity: dict[str, object]) -> Path | None:
+    """The calibrated (user cache) or bundled predictor made for the model of ``identity``, if any."""
     for path in [user_predictor_path(identity), *bundled_predictor_paths()]:
         if path.is_file() and path.with_suffix(".json").is_file():
             try:
