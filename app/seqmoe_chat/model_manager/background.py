@@ -1,14 +1,16 @@
-"""A slow call (a hub request, a scan of the disk, the first import of PyTorch) run on Qt's
-thread pool; its result or exception comes back on the GUI thread, unless the widget that
-asked has gone by then."""
+"""A slow call (a hub request, a scan of the disk, the first import of PyTorch) run on a
+thread of its own; its result or exception comes back on the GUI thread, unless the widget
+that asked has gone by then. The threads are daemons: a hub request still retrying when the
+app quits must not hold the app open."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import shiboken6
-from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal, Slot
+from PySide6.QtCore import QObject, Signal, Slot
 
 _pending: set[_Relay] = set()  # relays live until their answer is delivered
 
@@ -28,19 +30,12 @@ class _Relay(QObject):
             return
         (self.on_finished if succeeded else self.on_failed)(value)
 
-
-class _Call(QRunnable):
-    def __init__(self, call: Callable[[], Any], relay: _Relay) -> None:
-        super().__init__()
-        self.call, self.relay = call, relay
-
-    def run(self) -> None:
+    def answer(self, succeeded: bool, value: object) -> None:
+        """From the worker thread; the answer is queued to the GUI thread."""
         try:
-            result = self.call()
-        except Exception as error:  # noqa: BLE001 - handed to the GUI thread, which reports it
-            self.relay.sig_answered.emit(False, error)
-        else:
-            self.relay.sig_answered.emit(True, result)
+            self.sig_answered.emit(succeeded, value)
+        except RuntimeError:
+            pass  # the app is closing and the relay is gone: nobody waits for this answer
 
 
 def run_in_background(
@@ -48,4 +43,13 @@ def run_in_background(
 ) -> None:
     relay = _Relay(guard, on_finished, on_failed)
     _pending.add(relay)
-    QThreadPool.globalInstance().start(_Call(call, relay))
+
+    def work() -> None:
+        try:
+            result = call()
+        except Exception as error:  # noqa: BLE001 - handed to the GUI thread, which reports it
+            relay.answer(False, error)
+        else:
+            relay.answer(True, result)
+
+    threading.Thread(target=work, daemon=True, name="model-manager").start()

@@ -74,7 +74,8 @@ class CatalogTab(QWidget):
         self.connection.setText(OFFLINE_NOTE if offline else CONNECTION_NOTE)
         for row, (entry, fits) in enumerate(view.rows):
             shape = entry.shape
-            stored = f" ({entry.stored_dtype} on disk)" if entry.stored_dtype != "bfloat16" else ""
+            stored = (f" ({size_text(entry.stored_bytes_per_expert)} as {entry.stored_dtype.upper()} on disk)"
+                      if entry.stored_bytes_per_expert != shape.bytes_per_expert else "")
             cells = (
                 entry.name,
                 f"{parameters_text(shape.parameters_total)} / {parameters_text(shape.parameters_active)} active",
@@ -86,7 +87,7 @@ class CatalogTab(QWidget):
             )
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)
-                item.setToolTip(f"{entry.repo_id}\n{entry.summary}\n\n{entry.notes}")
+                item.setToolTip(f"{text}\n\n{entry.repo_id}: {entry.summary}\n\n{entry.notes}")
                 self.table.setItem(row, column, item)
             button = QPushButton("Download")
             button.setEnabled(entry.runs and not offline)

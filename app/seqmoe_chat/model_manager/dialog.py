@@ -83,6 +83,7 @@ class ModelsDialog(QDialog):
 
     def _offer_calibration(self, entry: DownloadEntry) -> None:
         self._offered = entry
+        self.status.clear()
         self.offer.setText(f"{entry.repo_id} is downloaded and verified. Calibrate its SeqMoE predictor now? "
                            "It traces a short text and trains for a few minutes; until then the engine forecasts "
                            "with the next layer's router.")

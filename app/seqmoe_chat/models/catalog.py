@@ -30,6 +30,7 @@ class CatalogEntry:
     refusal: str  # why the engine cannot run it, when it cannot
     notes: str
     stored_dtype: str  # how the experts are stored in the checkpoint
+    stored_bytes_per_expert: int  # on disk, when it differs from the engine's (a quantized checkpoint)
 
 
 def catalog_path() -> Path:
@@ -63,4 +64,5 @@ def _entry(raw: dict[str, Any]) -> CatalogEntry:
         refusal=engine.get("reason", ""),
         notes=raw["notes"],
         stored_dtype=raw.get("stored_dtype", raw["dtype"]),
+        stored_bytes_per_expert=int(raw.get("stored_bytes_per_expert", raw["bytes_per_expert"])),
     )
