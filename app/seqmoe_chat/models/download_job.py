@@ -237,6 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HubRefusal as refusal:
         report.send("error", kind=refusal.kind, message=str(refusal))
         return 1
+    except OSError as error:  # writing the bookkeeping or moving the folder: a full disk, permissions
+        refusal = describe(error, args.repo_id, args.revision)
+        report.send("error", kind=refusal.kind, message=str(refusal))
+        return 1
     report.send("done", path=str(path))
     return 0
 

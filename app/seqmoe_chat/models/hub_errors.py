@@ -70,5 +70,6 @@ def describe(error: BaseException, repo_id: str, revision: str = "main") -> HubR
     if isinstance(error, OSError) and error.errno == errno.ENOSPC:
         return HubRefusal(DISK_FULL, "the disk is full: free some space, then resume the download")
     if isinstance(error, OSError):
-        return HubRefusal(FAILED, f"{repo_id} could not be fetched: {error.strerror or error}")
+        where = f" ({error.filename})" if error.filename else ""
+        return HubRefusal(FAILED, f"{repo_id} could not be downloaded: {error.strerror or error}{where}")
     raise error
