@@ -36,12 +36,21 @@ Invoke-Checked $python @("-m", "PyInstaller", "--noconfirm", "--clean", "--log-l
 $buildSeconds = [int]$watch.Elapsed.TotalSeconds
 
 # seqmoe-chat.exe is a GUI program: PowerShell would not wait for it, and it prints only to a
-# console it inherits, so run it with its output sent to a file.
-$log = Join-Path $env:TEMP "seqmoe-chat-self-test.txt"
-$test = Start-Process -FilePath "dist\seqmoe-chat\seqmoe-chat.exe" -ArgumentList "--self-test" `
-    -NoNewWindow -Wait -PassThru -RedirectStandardOutput $log
-Get-Content $log
-if ($test.ExitCode -ne 0) { throw "the bundle's self-test failed (exit status $($test.ExitCode))" }
+# console it inherits, so it runs with its output sent to a file. Checked as build-linux does:
+# the self-test, then `-m seqmoe generate` (how the app starts its child processes, see launcher.py).
+function Invoke-Bundle {
+    param([string[]]$Arguments)
+    $output = Join-Path $env:TEMP "seqmoe-chat-check.txt"
+    $process = Start-Process -FilePath "dist\seqmoe-chat\seqmoe-chat.exe" -ArgumentList $Arguments `
+        -NoNewWindow -Wait -PassThru -RedirectStandardOutput $output
+    $text = Get-Content -Raw $output
+    if ($process.ExitCode -ne 0) { throw "seqmoe-chat $Arguments failed (exit status $($process.ExitCode)): $text" }
+    return $text
+}
+Invoke-Bundle @("--self-test")
+$reply = Invoke-Bundle @("-m", "seqmoe", "generate", "--prompt", "Hi!", "--max-new-tokens", "4", "--json")
+if ($reply -notmatch '"tokens_per_s"') { throw "seqmoe-chat -m seqmoe generate gave no reply: $reply" }
+Write-Output "seqmoe-chat -m seqmoe generate: OK"
 
 $iscc = (Get-Command iscc.exe -ErrorAction SilentlyContinue).Source
 if (-not $iscc) { $iscc = "${env:ProgramFiles(x86)}\Inno Setup 6\ISCC.exe" }
