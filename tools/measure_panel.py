@@ -7,7 +7,7 @@ time (in the panel's refreshes, and in all) as a share of one core, and the toke
 
 The demo model's replies are short, so one run sends several prompts, each in a new
 conversation, until ``--tokens`` tokens were generated. ``--screenshot`` saves a grab of
-the window halfway through the first reply with the panel visible.
+the window (and one of the whole panel) during the first reply with the panel visible.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from PySide6.QtCore import QEventLoop, QTimer  # noqa: E402
 from seqmoe_chat.application import create_application, open_context  # noqa: E402
 from seqmoe_chat.main_window import MainWindow  # noqa: E402
 from seqmoe_chat.store import SamplingSettings  # noqa: E402
+from seqmoe_chat.store.settings import DEFAULT_PANEL_HZ  # noqa: E402
 
 PROMPTS = (
     "Hello! What do you like to do on weekends?",
@@ -85,12 +86,18 @@ def generate(window: MainWindow, visible: bool, tokens: int, screenshot: Path | 
         window.new_conversation()
         window.composer.set_text(next(prompts))
         window.composer.submit()
+        generation = window.panel.model.generations if window.panel.model is not None else 0
 
         def grab() -> None:
             nonlocal screenshot
-            if screenshot is not None and window.panel.model is not None and window.panel.model.counters.tokens >= 8:
+            model = window.panel.model
+            if screenshot is not None and model is not None and model.generations > generation \
+                    and model.counters.tokens >= 10:
                 window.grab().save(str(screenshot))
-                print(f"screenshot: {screenshot}", flush=True)
+                # The dock scrolls; its whole content goes beside the window's picture.
+                whole = screenshot.with_name(f"{screenshot.stem}-dock{screenshot.suffix}")
+                window.panel.widget().widget().grab().save(str(whole))
+                print(f"screenshot: {screenshot} and {whole}", flush=True)
                 screenshot = None
 
         wait_until(lambda: not window.session.busy, during=grab)
@@ -112,6 +119,7 @@ def main() -> int:
     parser.add_argument("--cache-ratio", type=float, default=0.3)
     parser.add_argument("--vram-budget", type=float, help="GB; instead of --cache-ratio")
     parser.add_argument("--link-gbps", type=float, default=25.0)
+    parser.add_argument("--hz", type=int, default=DEFAULT_PANEL_HZ, help="panel refreshes per second")
     parser.add_argument("--screenshot", type=Path)
     args = parser.parse_args()
     create_application()
@@ -121,6 +129,7 @@ def main() -> int:
         settings.sampling = SamplingSettings(temperature=0.0, max_new_tokens=args.tokens)
         settings.engine.policy, settings.engine.cache_ratio = args.policy, args.cache_ratio
         settings.engine.vram_budget_gb, settings.engine.link_gbps = args.vram_budget, args.link_gbps
+        settings.panel_hz = args.hz
         window = MainWindow(context)
         window.resize(1500, 940)
         window.show()

@@ -153,7 +153,9 @@ def test_the_cache_map_paints_the_states_of_the_stream(qtbot, window, backend) -
     image = cache_map.grab().toImage()
     centres = [cache_map.cell_rect(layer, expert).center().toPoint() for layer in range(2) for expert in range(12)]
     assert _colour_counts(image, centres) == expected
-    assert "layer 0, expert 1: in use" in cache_map.describe(0, 1)
+    qtbot.mouseMove(cache_map, cache_map.cell_rect(0, 1).center().toPoint())
+    qtbot.waitUntil(lambda: cache_map.toolTip().startswith("layer 0, expert 1: in use"), timeout=2000)
+    assert "last used at token 0" in cache_map.toolTip()
 
 
 def test_the_panel_samples_only_while_visible_and_remembers_it(qtbot, make_window, backend) -> None:

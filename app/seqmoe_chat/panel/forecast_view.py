@@ -90,6 +90,7 @@ class ForecastView(QWidget):
             return
         if len(shown) != len(self._shown_recall) and horizons:
             self.recall_plot.setXRange(0.4, max(horizons) + 0.6, padding=0)
+            self.recall_plot.getAxis("bottom").setTicks([[(h, str(h)) for h in horizons]])
         self._shown_recall = shown
         self.bars.setOpts(x=horizons, height=recalls, width=0.6)
         if horizons:

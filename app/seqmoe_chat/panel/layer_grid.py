@@ -1,10 +1,12 @@
 """A layers-by-experts grid of coloured cells, the common ground of the cache map and the
 forecast heat map.
 
-The cells are one pixel each of an image scaled to the widget, so a repaint costs the same
-for 128 experts as for 16 000. Hovering a cell asks ``describe`` for its tooltip. Subclasses
-paint over the cells and in a footer of ``footer_lines`` lines; everything is painted here,
-because a label's new text would make the whole panel lay itself out again.
+The cells are one pixel each of an image scaled to the widget, and the grid lines and
+layer numbers a pixmap drawn once per size, so a repaint costs the same for 128 experts as
+for 16 000. Hovering a cell asks ``describe`` for its tooltip (on mouse moves: overriding
+``event`` would run Python for every event the widget gets). Subclasses paint over the cells
+and in a footer of ``footer_lines`` lines; everything is painted here, because a label's
+new text would make the whole panel lay itself out again.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from PySide6.QtCore import QEvent, QPoint, QRect, QRectF, QSize, Qt
-from PySide6.QtGui import QHelpEvent, QImage, QPainter, QPaintEvent
+from PySide6.QtCore import QPoint, QRect, QRectF, QSize, Qt
+from PySide6.QtGui import QImage, QMouseEvent, QPainter, QPaintEvent, QPixmap
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 LABEL_WIDTH = 22
@@ -27,9 +29,12 @@ class LayerGrid(QWidget):
         super().__init__(parent)
         self.layers = self.experts = 0
         self.describe: Callable[[int, int], str] | None = None
-        self._pixels = np.zeros((0, 0), dtype=np.uint32)  # the image's buffer; it must outlive the image
         self._image = QImage()
+        self._lines = QPixmap()  # grid lines and layer numbers for the current size and shape
+        self._lines_key: tuple[int, int, int, int] | None = None
+        self._hover: tuple[int, int] | None = None
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setMouseTracking(True)
 
     def sizeHint(self) -> QSize:
         return QSize(320, 150 + self.footer_height())
@@ -39,9 +44,15 @@ class LayerGrid(QWidget):
 
     def set_colours(self, argb: np.ndarray) -> None:
         """``argb``: one 0xAARRGGBB value per (layer, expert)."""
-        self._pixels = np.ascontiguousarray(argb, dtype=np.uint32)
-        self.layers, self.experts = self._pixels.shape
-        self._image = QImage(self._pixels.data, self.experts, self.layers, self.experts * 4, QImage.Format.Format_ARGB32)
+        self.layers, self.experts = argb.shape
+        # Copied into an image that owns its memory: one wrapping a NumPy buffer needs that buffer alive.
+        image = QImage(self.experts, self.layers, QImage.Format.Format_ARGB32)
+        if argb.size:
+            rows = np.frombuffer(image.bits(), dtype=np.uint32).reshape(self.layers, image.bytesPerLine() // 4)
+            rows[:, : self.experts] = argb
+        self._image = image
+        if self._hover is not None and self.describe is not None:
+            self.setToolTip(self.describe(*self._hover))
         self.update()
 
     def clear(self) -> None:
@@ -76,8 +87,19 @@ class LayerGrid(QWidget):
             self.paint_footer(painter, self.rect().adjusted(0, self.rect().height() - self.footer_height(), 0, 0))
         if not self.layers:
             return
+        painter.drawImage(self.grid_rect(), self._image)
+        painter.drawPixmap(0, 0, self._grid_lines())
+        self.paint_overlay(painter)
+
+    def _grid_lines(self) -> QPixmap:
+        key = (self.width(), self.height(), self.layers, self.experts)
+        if key == self._lines_key:
+            return self._lines
+        self._lines_key = key
+        self._lines = QPixmap(self.size())
+        self._lines.fill(Qt.GlobalColor.transparent)
+        painter = QPainter(self._lines)
         grid = self.grid_rect()
-        painter.drawImage(grid, self._image)
         cell_w, cell_h = grid.width() / self.experts, grid.height() / self.layers
         if min(cell_w, cell_h) >= GRID_LINES_FROM:
             painter.setPen(self.palette().window().color())
@@ -87,7 +109,6 @@ class LayerGrid(QWidget):
             for layer in range(1, self.layers):
                 y = grid.top() + round(layer * cell_h)
                 painter.drawLine(grid.left(), y, grid.right(), y)
-        self.paint_overlay(painter)
         # Layer numbers on the left, as many as fit legibly.
         painter.setPen(self.palette().windowText().color())
         line = self.fontMetrics().height()
@@ -96,14 +117,19 @@ class LayerGrid(QWidget):
             top = grid.top() + round(layer * cell_h)
             painter.drawText(QRect(0, top, LABEL_WIDTH - 4, max(round(cell_h), line)),
                              Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignTop, str(layer))
+        painter.end()
+        return self._lines
 
-    def event(self, event: QEvent) -> bool:
-        if event.type() == QEvent.Type.ToolTip:
-            assert isinstance(event, QHelpEvent)
-            cell = self.cell_at(event.pos())
-            if cell is None or self.describe is None:
-                QToolTip.hideText()
-            else:
-                QToolTip.showText(event.globalPos(), self.describe(*cell), self)
-            return True
-        return super().event(event)
+    def mouseMoveEvent(self, event: QMouseEvent) -> None:
+        cell = self.cell_at(event.position().toPoint())
+        if cell != self._hover:
+            self._hover = cell
+            text = self.describe(*cell) if cell is not None and self.describe is not None else ""
+            self.setToolTip(text)
+            if QToolTip.isVisible():
+                QToolTip.showText(event.globalPosition().toPoint(), text, self)
+        super().mouseMoveEvent(event)
+
+    def leaveEvent(self, event) -> None:
+        self._hover = None
+        super().leaveEvent(event)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from PySide6.QtCore import QEvent, QRect, QSize, Qt
-from PySide6.QtGui import QHelpEvent, QPainter, QPaintEvent
-from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
+from PySide6.QtCore import QRect, QSize, Qt
+from PySide6.QtGui import QPainter, QPaintEvent
+from PySide6.QtWidgets import QSizePolicy, QWidget
 
 GAP = 12
 
@@ -18,7 +18,7 @@ class TextRows(QWidget):
         super().__init__(parent)
         self.names = list(names)
         self.values = dict.fromkeys(self.names, "–")
-        self.tooltips = tooltips or {}
+        self.setToolTip("\n".join(f"{name}: {text}" for name, text in (tooltips or {}).items()))
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
     def line_height(self) -> int:
@@ -42,15 +42,3 @@ class TextRows(QWidget):
             painter.drawText(QRect(0, top, value_x, line), Qt.AlignmentFlag.AlignVCenter, name)
             painter.drawText(QRect(value_x, top, self.width() - value_x, line), Qt.AlignmentFlag.AlignVCenter,
                              self.values[name])
-
-    def event(self, event: QEvent) -> bool:
-        if event.type() == QEvent.Type.ToolTip:
-            assert isinstance(event, QHelpEvent)
-            row = event.pos().y() // self.line_height()
-            tip = self.tooltips.get(self.names[row], "") if 0 <= row < len(self.names) else ""
-            if tip:
-                QToolTip.showText(event.globalPos(), tip, self)
-            else:
-                QToolTip.hideText()
-            return True
-        return super().event(event)
