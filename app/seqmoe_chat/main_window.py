@@ -24,6 +24,7 @@ from .model_bar import ModelBar
 from .model_manager.dialog import ModelsDialog
 from .model_manager.manager import ModelManager
 from .models.library import BUNDLED
+from .models.model_folders import models_dir
 from .panel.dock import TelemetryDock
 from .settings_dialog import SettingsDialog
 from .sidebar import Sidebar
@@ -374,9 +375,12 @@ class MainWindow(QMainWindow):
 
     def open_settings(self) -> None:
         engine = engine_context(self.client.model, self.panel.monitor.current(), self.store.connection)
-        folders = {"Data (chats, log)": self.context.data_dir, "Settings file": self.context.settings_store.path}
+        folders = {"Data (chats, log)": self.context.data_dir, "Downloaded models": models_dir(self.context.data_dir),
+                   "Settings file": self.context.settings_store.path}
         dialog = SettingsDialog(self.settings, self, engine, folders)
-        if not dialog.exec():
+        accepted = dialog.exec()
+        dialog.deleteLater()  # after this method: apply_to still reads it
+        if not accepted:
             return
         before = dataclasses.replace(self.settings.engine)
         dialog.apply_to(self.settings)

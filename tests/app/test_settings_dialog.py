@@ -99,6 +99,9 @@ def test_accepted_settings_reconfigure_the_loaded_model_and_are_saved(qtbot, win
     GEOMETRY_OF_FAKE = backend.engines[-1].geometry
     monkeypatch.setattr(SettingsDialog, "exec", accept)
     window.open_settings()
+    dialog = window.findChild(SettingsDialog)
+    folders = [dialog.tabs.tabText(i) for i in range(dialog.tabs.count())]
+    assert folders == ["Chat", "Engine", "Live panel", "Appearance", "Folders"]
     qtbot.waitUntil(lambda: window.client.model.cache_slots == 6, timeout=5000)
     assert backend.engines[-1].cache_slots == 6 and len(backend.engines) == 1  # resized, not reloaded
     assert window.panel.info.cache_slots == 6
