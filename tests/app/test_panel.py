@@ -293,3 +293,20 @@ def test_the_panel_costs_little_while_the_demo_model_generates(qtbot, data_dir: 
           f"{cost.share_of_core(wall):.1%} of a core in refreshes over {wall:.1f} s")
     assert cost.refreshes > 0 and cost.events > 0 and window.panel.model.counters.tokens > 0
     window.close()
+
+
+def test_the_model_and_the_monitor_import_neither_qt_nor_the_engine() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('PySide6', 'seqmoe', 'torch'):\n"
+        "            raise ImportError(f'{name} is blocked')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import seqmoe_chat.panel.telemetry_model, seqmoe_chat.panel.memory_monitor\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
