@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from .errors import ModelRefused, SeqMoEError
 from .store import HostStore, expert_parameters
@@ -105,12 +106,17 @@ def read_config(path: Path) -> PretrainedConfig:
         raw = json.loads(config_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ModelRefused(f"{config_file} is not valid JSON: {error}") from None
+    # A model may ship its own code (auto_map) for an architecture that transformers now
+    # implements itself (DeepSeek-V2, Phi-3.5-MoE): then the built-in classes are used and the
+    # shipped code is ignored, as transformers does without trust_remote_code. Otherwise the
+    # model needs that code, and it is never run.
+    native = raw.get("model_type") in CONFIG_MAPPING
     for name in ("config.json", "tokenizer_config.json"):
         file = path / name
-        if file.is_file() and "auto_map" in _json_or_empty(file):
+        if file.is_file() and "auto_map" in _json_or_empty(file) and not native:
             raise ModelRefused(
-                f"{path.name} needs its own remote code ({name} has auto_map); "
-                "seqmoe never runs code shipped with a model"
+                f"{path.name} needs its own remote code ({name} has auto_map and transformers has no built-in "
+                f"{raw.get('model_type', 'unknown')!r} architecture); seqmoe never runs code shipped with a model"
             )
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=False)

@@ -12,6 +12,7 @@ import pytest
 import transformers
 
 from seqmoe.cli import main
+from seqmoe import load_model
 
 from .conftest import build_model
 
@@ -69,9 +70,22 @@ def test_remote_code_is_refused_and_never_run(capsys: pytest.CaptureFixture[str]
     marker = tmp_path / "remote-code-ran"
     (folder / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     config = json.loads((folder / "config.json").read_text())
-    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilModel"}
+    config["auto_map"] = {"AutoConfig": "modeling_evil.EvilConfig", "AutoModelForCausalLM": "modeling_evil.EvilModel"}
+    config["model_type"] = "evil_moe"
     (folder / "config.json").write_text(json.dumps(config))
     assert_refused(capsys, folder, "remote code", "auto_map")
+    assert not marker.exists()
+
+
+def test_shipped_code_for_a_built_in_architecture_is_ignored(mixtral_dir: Path, tmp_path: Path) -> None:
+    folder = copy_model(mixtral_dir, tmp_path / "native")
+    marker = tmp_path / "remote-code-ran"
+    (folder / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilModel"}
+    (folder / "config.json").write_text(json.dumps(config))
+    loaded = load_model(str(folder), device="cpu")
+    assert type(loaded.model).__name__ == "MixtralForCausalLM"
     assert not marker.exists()
 
 

@@ -63,7 +63,8 @@ def dense_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def remote_code_repo(tiny_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = shutil.copytree(tiny_repo, tmp_path_factory.mktemp("repos") / "remote-code-moe")
     config = json.loads((folder / "config.json").read_text())
-    config["auto_map"] = {"AutoModelForCausalLM": "modeling_custom.CustomMoe"}
+    config["auto_map"] = {"AutoConfig": "modeling_custom.CustomConfig", "AutoModelForCausalLM": "modeling_custom.CustomMoe"}
+    config["model_type"] = "custom_moe"  # an architecture transformers does not have: only the shipped code runs it
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
