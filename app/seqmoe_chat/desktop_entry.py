@@ -108,7 +108,10 @@ def uninstall(home: Path) -> list[Path]:
 def run_desktop_entry(action: str) -> int:
     """The command-line flags: ``action`` is ``install`` or ``uninstall``; prints what changed."""
     if sys.platform in ("win32", "darwin"):
-        print("seqmoe-chat: desktop entries are for Linux desktops; on Windows and macOS the installer adds the app")
+        print(
+            "seqmoe-chat: desktop entries are for Linux desktops; on Windows and macOS the installer adds the app",
+            file=sys.stderr,
+        )
         return 2
     home = data_home()
     try:
