@@ -1,5 +1,5 @@
 """The settings dialog's engine page: device, cache policy, emulated link speed, the
-predictor's horizon (read only: the engine has no setting for it) and the VRAM budget."""
+prediction horizon (up to the loaded model's predictor) and the VRAM budget."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QFormLayout, QLabel, QWidget
+from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QFormLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
 from .budget_slider import BudgetSlider
 from .panel.memory_monitor import MemorySample
@@ -59,8 +59,18 @@ class EnginePage(QWidget):
         self.link.setSuffix(" GB/s")
         self.link.setValue(options.link_gbps)
         self.link.setToolTip("How fast the emulated host-to-device link copies experts (machines without a CUDA GPU)")
-        self.horizon = QLabel(horizon_text(model))
-        self.horizon.setWordWrap(True)
+        self.horizon = QSpinBox()
+        self.horizon.setRange(1, model.max_horizon if model is not None else 1)
+        self.horizon.setSuffix(" MoE layers ahead")
+        self.horizon.setValue(options.horizon or self.horizon.maximum())
+        self.horizon.setToolTip("How far ahead the seqmoe policy forecasts and prefetches; the predictor sets the limit")
+        self.horizon_note = QLabel(horizon_text(model))
+        self.horizon_note.setWordWrap(True)
+        horizon_box = QWidget()
+        horizon_layout = QVBoxLayout(horizon_box)
+        horizon_layout.setContentsMargins(0, 0, 0, 0)
+        horizon_layout.addWidget(self.horizon)
+        horizon_layout.addWidget(self.horizon_note)
         self.budget = BudgetSlider(model, context.available_bytes, self.speeds_for(options.policy),
                                    options.vram_budget_gb, options.cache_ratio)
         self.policy.currentIndexChanged.connect(self._on_policy_changed)
@@ -68,7 +78,7 @@ class EnginePage(QWidget):
         layout.addRow("Device", self.device)
         layout.addRow("Cache policy", self.policy)
         layout.addRow("Emulated link", self.link)
-        layout.addRow("Prediction horizon", self.horizon)
+        layout.addRow("Prediction horizon", horizon_box)
         layout.addRow(self.budget)
         self._on_policy_changed()
 
@@ -76,12 +86,15 @@ class EnginePage(QWidget):
         options.device = str(self.device.currentData())
         options.policy = str(self.policy.currentData())
         options.link_gbps = round(self.link.value(), 2)
+        # The predictor's whole reach is stored as "no limit", so a better predictor later is used fully.
+        options.horizon = None if self.horizon.value() >= self.horizon.maximum() else self.horizon.value()
         options.vram_budget_gb = self.budget.budget_gb()
 
     def _on_policy_changed(self) -> None:
         policy = str(self.policy.currentData())
         # The full policy keeps every expert resident: no budget sizes its cache.
         self.budget.setEnabled(policy != "full")
+        self.horizon.setEnabled(policy == "seqmoe" and self.horizon.maximum() > 1)
         self.budget.set_speeds(self.speeds_for(policy))
 
 
@@ -91,8 +104,10 @@ def horizon_text(model: ModelInfo | None) -> str:
     if model.predictor_horizon is None:
         return f"none: the {model.policy} policy does not forecast"
     layers = "layer" if model.predictor_horizon == 1 else "layers"
-    return (f"{model.predictor_horizon} MoE {layers} ahead, fixed by the {model.policy} policy's forecaster "
-            "(the engine has no setting for it)")
+    if model.max_horizon == 1:
+        return (f"now {model.predictor_horizon} MoE {layers} ahead with the {model.policy} policy; without a "
+                "calibrated predictor the seqmoe policy forecasts one layer (calibrate the model to see farther)")
+    return f"now {model.predictor_horizon} MoE {layers} ahead with the {model.policy} policy; this model's predictor reaches {model.max_horizon}"
 
 
 def _combo(names: dict[str, str], values: tuple[str, ...], current: str) -> QComboBox:

@@ -8,14 +8,12 @@ thread the first time a model loads, which keeps the window's start instant.
 
 from __future__ import annotations
 
-import functools
 import gc
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
@@ -53,6 +51,7 @@ class ModelInfo:
     link: str = ""  # "cuda" or "emulated"
     link_gbps: float = 0.0  # the emulated link's speed
     predictor_horizon: int | None = None  # MoE layers the policy forecasts ahead; None: it does not forecast
+    max_horizon: int = 1  # the farthest the seqmoe policy can forecast with this model's predictor
 
 
 @dataclass(frozen=True)
@@ -74,6 +73,7 @@ def open_engine(model: str, options: EngineOptions, on_progress: Progress) -> En
 
     loaded = load_model(model or str(demo_model_dir()), device=options.device, on_progress=on_progress)
     engine = Engine(loaded, link_gbps=options.link_gbps)
+    engine.horizon = options.horizon
     try:
         engine.configure(options.policy, **options.cache_size())
     except BaseException:
@@ -97,25 +97,9 @@ def model_info(engine: Engine) -> ModelInfo:
         experts_per_layer=host.layout.num_experts,
         link=engine.link,
         link_gbps=engine.link_gbps,
-        predictor_horizon=_predictor_horizon(engine),
+        predictor_horizon=engine.forecast_horizon,
+        max_horizon=engine.max_horizon(),
     )
-
-
-def _predictor_horizon(engine: Engine) -> int | None:
-    """The engine has no horizon setting: the trained predictor fixes it, and without one the
-    seqmoe policy (like gate) forecasts with the next layer's router, one layer ahead."""
-    if engine.policy_name == "gate" or (engine.policy_name == "seqmoe" and engine.predictor_path is None):
-        return 1
-    if engine.policy_name == "seqmoe":
-        return _horizon_of(str(engine.predictor_path))
-    return None
-
-
-@functools.lru_cache(maxsize=4)
-def _horizon_of(predictor_path: str) -> int:
-    from seqmoe.predictor.model import load_predictor
-
-    return load_predictor(Path(predictor_path)).config.horizon
 
 
 def describe_error(error: BaseException) -> str:
@@ -215,19 +199,19 @@ class EngineWorker(QObject):
         engine = self._engine
         if engine is None:
             return  # the options apply when a model is next loaded
-        before = (engine.policy_name, engine.link_gbps, engine.cache_slots)
+        before = (engine.policy_name, engine.link_gbps, engine.horizon, engine.cache_slots)
         try:
-            if (engine.policy_name, engine.link_gbps) != (options.policy, options.link_gbps):
-                engine.link_gbps = options.link_gbps
+            if before[:3] != (options.policy, options.link_gbps, options.horizon):
+                engine.link_gbps, engine.horizon = options.link_gbps, options.horizon
                 engine.configure(options.policy, **options.cache_size())
             elif options.policy != "full":
                 engine.resize(**options.cache_size())
         except Exception as error:  # the model stays usable with the configuration it had
             if not _is_engine_error(error):
                 log.exception("reconfiguring the cache failed")
-            if (engine.policy_name, engine.link_gbps) != before[:2]:
-                engine.link_gbps = before[1]
-                engine.configure(before[0], cache_ratio=before[2] / engine.geometry.total_experts)
+            if (engine.policy_name, engine.link_gbps, engine.horizon) != before[:3]:
+                engine.link_gbps, engine.horizon = before[1], before[2]
+                engine.configure(before[0], cache_ratio=before[3] / engine.geometry.total_experts)
             self._info = model_info(engine)
             self.sig_reconfigure_failed.emit(request_id, describe_error(error), self._info)
             return

@@ -96,6 +96,9 @@ class Engine:
             top_k=loaded.top_k,
         )
         self.policy_name = "none"
+        self.horizon: int | None = None
+        """How many MoE layers ahead the ``seqmoe`` policy forecasts, at most its predictor's horizon
+        (``None``: as far as the predictor sees). Read by ``configure``."""
         self.predictor_path = predictor_path
         self._loaded_predictor: ExpertPredictor | None = None
         self.cache: ExpertCache | None = None
@@ -201,7 +204,7 @@ class Engine:
                 prior = torch.full((layers, experts), top_k / experts)
                 return SeqMoEPolicy(self._gate_forecaster(), layers, prior)
             prior = (torch.tensor(predictor.config.frequency) * top_k).clamp(max=1.0)
-            return SeqMoEPolicy(predictor.predict, layers, prior)
+            return SeqMoEPolicy(predictor.predict, layers, prior, horizon=self.horizon)
         if name == "oracle":
             if future is None:
                 raise SeqMoEError("the oracle policy needs the recorded future of the same run (seqmoe bench records it)")
@@ -215,6 +218,22 @@ class Engine:
         """Until a predictor is calibrated: the next layer's router on this hidden state, horizon 1."""
         routers = self._router_functions()
         return lambda hidden, layer, routed: next_layer_distribution(routers, layer, hidden).unsqueeze(0)
+
+    @property
+    def forecast_horizon(self) -> int | None:
+        """How many MoE layers ahead the configured policy forecasts (``None``: it does not)."""
+        if self.policy_name == "gate":
+            return 1
+        if self.policy_name != "seqmoe":
+            return None
+        limit = self.max_horizon()
+        return limit if self.horizon is None else max(1, min(self.horizon, limit))
+
+    def max_horizon(self) -> int:
+        """The farthest the ``seqmoe`` policy can forecast: its predictor's horizon, or one layer with
+        the router fallback."""
+        predictor = self.predictor()
+        return predictor.config.horizon if predictor is not None else 1
 
     def predictor(self) -> ExpertPredictor | None:
         """The trained predictor for this model (given, or found in the user cache or resources), if any."""

@@ -187,9 +187,12 @@ class SeqMoEPolicy(BeladyPolicy):
         min_probability: float = 0.02,
         stride: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        horizon: int | None = None,
     ) -> None:
         super().__init__(num_layers, prior)
         self.predict = predict
+        self.horizon = horizon
+        """Use at most this many of the forecast's layers (``None``: all)."""
         self.min_probability = min_probability
         self.fixed_stride = stride
         self.clock = clock
@@ -228,7 +231,7 @@ class SeqMoEPolicy(BeladyPolicy):
 
     def _call(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> list[Forecast]:
         start = self.clock()
-        probs = self.predict(hidden.reshape(-1), layer, routed.reshape(-1)).float().cpu()
+        probs = self.predict(hidden.reshape(-1), layer, routed.reshape(-1)).float().cpu()[: self.horizon]
         seconds = self.clock() - start
         self.calls += 1
         self.predict_seconds += seconds

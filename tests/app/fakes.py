@@ -100,12 +100,19 @@ class FakeEngine:
         self.link = "emulated"
         self.link_gbps = 25.0
         self.policy_name = "lru"
-        self.predictor_path = None
+        self.horizon: int | None = None
         self.cache_slots = 11
         self.geometry = CacheGeometry(total_experts=24, bytes_per_expert=2**20, resident_bytes=2**24, kv_bytes=2**22,
                                       workspace_bytes=2**26, top_k=2)
         self.events = EventBus()
         self.closed = False
+
+    @property
+    def forecast_horizon(self) -> int | None:
+        return {"gate": 1, "seqmoe": 1}.get(self.policy_name)
+
+    def max_horizon(self) -> int:
+        return 1  # no predictor: the router fallback looks one layer ahead
 
     def configure(self, policy: str = "lru", cache_ratio: float | None = None, vram_budget_gb: float | None = None) -> None:
         self.policy_name = policy

@@ -23,7 +23,7 @@ from .test_chat import send, wait_idle
 GEOMETRY = CacheGeometry(total_experts=64, bytes_per_expert=50 * 2**20, resident_bytes=2 * GB, kv_bytes=GB // 2,
                          workspace_bytes=GB // 2, top_k=2)
 MODEL = ModelInfo("test-moe", "/models/test-moe", "cuda:0", "TestMoe", "seqmoe", 20, 64, GEOMETRY, 4, 16,
-                  "cuda", 25.0, 4)
+                  "cuda", 25.0, 4, max_horizon=4)
 
 
 def test_the_slider_shows_slots_ratio_speed_and_fit_live(qtbot) -> None:
@@ -61,7 +61,8 @@ def test_without_a_model_the_budget_can_still_be_set() -> None:
     assert describe_budget(None, 4 * GB, {})[0] == "load a model to see what a budget buys"
     assert horizon_text(None) == "shown once a model is loaded"
     assert horizon_text(replace(MODEL, policy="lru", predictor_horizon=None)) == "none: the lru policy does not forecast"
-    assert horizon_text(MODEL).startswith("4 MoE layers ahead") and "no setting" in horizon_text(MODEL)
+    assert horizon_text(MODEL) == "now 4 MoE layers ahead with the seqmoe policy; this model's predictor reaches 4"
+    assert "calibrate" in horizon_text(replace(MODEL, predictor_horizon=1, max_horizon=1))
 
 
 def test_expected_speed_from_measurements() -> None:
@@ -78,13 +79,21 @@ def test_the_dialog_applies_every_setting(qtbot) -> None:
     page.policy.setCurrentIndex(page.policy.findData("gate"))
     page.device.setCurrentIndex(page.device.findData("cpu"))
     page.link.setValue(3.5)
+    assert page.horizon.maximum() == 4 and page.horizon.value() == 4
+    page.horizon.setValue(2)
     page.budget.enabled_box.setChecked(True)
     page.budget.spin.setValue(3.25)
     dialog.panel_hz.setValue(4)
     dialog.theme.setCurrentIndex(dialog.theme.findData("dark"))
     dialog.apply_to(settings)
     assert settings.engine == EngineOptions(device="cpu", policy="gate", cache_ratio=0.45, vram_budget_gb=3.25,
-                                            link_gbps=3.5)
+                                            link_gbps=3.5, horizon=2)
+    assert not page.horizon.isEnabled(), "only the seqmoe policy looks several layers ahead"
+    page.policy.setCurrentIndex(page.policy.findData("seqmoe"))
+    assert page.horizon.isEnabled()
+    page.horizon.setValue(4)
+    dialog.apply_to(settings)
+    assert settings.engine.horizon is None, "the predictor's whole reach is stored as no limit"
     assert (settings.panel_hz, settings.theme) == (4, "dark")
     page.policy.setCurrentIndex(page.policy.findData("full"))
     assert not page.budget.isEnabled()
@@ -176,6 +185,17 @@ def test_the_budget_resizes_the_demo_models_cache_between_generations(qtbot, dem
     assert second.text == first.text  # the same greedy reply from a larger cache
     print(f"\ndemo model: {before.cache_slots} slots {first.stats['decode_tokens_per_s']:.1f} tok/s, "
           f"{after.cache_slots} slots {second.stats['decode_tokens_per_s']:.1f} tok/s")
+
+
+def test_a_shorter_horizon_applies_between_generations_with_the_same_reply(qtbot, demo_client) -> None:
+    collector = Collector(demo_client)
+    messages = [{"role": "user", "content": "What do you like to cook?"}]
+    greedy = SamplingSettings(temperature=0.0, max_new_tokens=10)
+    first = collector.wait_for(qtbot, demo_client.generate(messages, greedy))[2]
+    options = EngineOptions(device="cpu", policy="seqmoe", cache_ratio=0.3, horizon=1)
+    after = collector.wait_for(qtbot, demo_client.reconfigure(options))[2]
+    assert (after.policy, after.predictor_horizon, after.max_horizon) == ("seqmoe", 1, 4)
+    assert collector.wait_for(qtbot, demo_client.generate(messages, greedy))[2].text == first.text
 
 
 def test_a_budget_below_the_minimum_is_refused_and_the_cache_kept(qtbot, demo_client) -> None:

@@ -12,6 +12,7 @@ from seqmoe.events import (
     CacheSnapshot,
     EventBuffer,
     ExpertEvicted,
+    ExpertsForecast,
     LayerRouted,
     PrefetchCancelled,
     PrefetchIssued,
@@ -148,3 +149,25 @@ def test_resize_below_the_minimum_is_refused_and_keeps_the_cache(engine: Engine)
     with pytest.raises(BudgetTooSmall, match="minimum"):
         engine.resize(cache_ratio=0.001)
     assert engine.cache_slots == before
+
+
+def test_a_shorter_horizon_forecasts_fewer_layers_and_keeps_the_output(engine: Engine, reference: list[int]) -> None:
+    prompt = engine.encode(PROMPT, chat=True)
+    limit = engine.max_horizon()
+    assert limit == 4, "the bundled predictor forecasts four layers ahead"
+    seen: dict[int | None, set[int]] = {}
+    for horizon in (None, 1):
+        engine.horizon = horizon
+        engine.configure("seqmoe", cache_ratio=0.3)
+        assert engine.forecast_horizon == (limit if horizon is None else 1)
+        forecasts: list = []
+        listener = lambda e: forecasts.append(e) if isinstance(e, ExpertsForecast) else None  # noqa: E731
+        engine.events.subscribe(listener)
+        try:
+            assert engine.generate(prompt, Sampling(max_new_tokens=TOKENS)).token_ids == reference
+        finally:
+            engine.events.unsubscribe(listener)
+        seen[horizon] = {(key[0] - e.layer) % engine.loaded.host.num_layers for e in forecasts for key, _ in e.probabilities}
+    engine.horizon = None
+    assert seen[1] == {1}
+    assert max(seen[None]) > 1

@@ -46,6 +46,7 @@ class EngineOptions:
     cache_ratio: float = 0.45
     vram_budget_gb: float | None = None  # when set, the cache is sized by this budget instead of the ratio
     link_gbps: float = DEFAULT_LINK_GBPS  # the emulated link's speed (machines without a CUDA GPU)
+    horizon: int | None = None  # MoE layers the seqmoe policy forecasts ahead; None: as far as its predictor sees
 
     def cache_size(self) -> dict[str, float]:
         """The keyword that sizes the cache in ``Engine.configure`` and ``Engine.resize``."""
@@ -72,6 +73,8 @@ class EngineOptions:
             options.vram_budget_gb = None
         if not _is_number(options.link_gbps) or options.link_gbps <= 0:
             options.link_gbps = defaults.link_gbps
+        if options.horizon is not None and not (isinstance(options.horizon, int) and options.horizon >= 1):
+            options.horizon = defaults.horizon
         return options
 
 
