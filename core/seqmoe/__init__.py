@@ -11,10 +11,33 @@ import os
 # starve it (and a GUI thread) on small machines. Only effective before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .engine import Engine, GenerationResult, Sampling
+import importlib
+from typing import TYPE_CHECKING
+
 from .errors import BudgetTooSmall, ModelRefused, SeqMoEError
-from .loader import LoadedModel, load_model
-from .stats import GenerationStats
+
+if TYPE_CHECKING:
+    from .engine import Engine, GenerationResult, Sampling
+    from .loader import LoadedModel, load_model
+    from .stats import GenerationStats
+
+# The engine pulls in PyTorch and transformers (seconds); light parts such as
+# ``seqmoe.resources`` must not pay for that, so the heavy names load on first use.
+_LAZY = {
+    "Engine": "engine",
+    "GenerationResult": "engine",
+    "Sampling": "engine",
+    "LoadedModel": "loader",
+    "load_model": "loader",
+    "GenerationStats": "stats",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+
 
 __all__ = [
     "BudgetTooSmall",

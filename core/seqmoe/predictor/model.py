@@ -83,6 +83,18 @@ class ExpertPredictor(nn.Module):
         The same function as ``forward`` for one token, with everything that depends only on
         the layer looked up from tables: it runs at every MoE layer of every decode step.
         """
+        threads = torch.get_num_threads()
+        if hidden.device.type != "cpu" or threads == 1:
+            return self._predict(hidden, layer, routed)
+        # A forecast is a dozen tiny operations: waking the intra-op thread pool for each one
+        # costs more than the work (twice the time on two cores), so it runs on one thread.
+        torch.set_num_threads(1)
+        try:
+            return self._predict(hidden, layer, routed)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _predict(self, hidden: torch.Tensor, layer: int, routed: torch.Tensor) -> torch.Tensor:
         tables = self._tables
         if tables is None or tables[0].device != hidden.device:
             tables = self._tables = self._layer_tables(hidden.device)
