@@ -11,6 +11,7 @@ named consumer setup (``SETUPS``), the compute time being measured here with ``f
 
 from __future__ import annotations
 
+import textwrap
 import threading
 from dataclasses import dataclass, field
 
@@ -247,7 +248,7 @@ def plot(rows: list[BenchRow], path: str, title: str) -> None:
     axes.axhline(1.0, color="grey", linestyle="--", label="full")
     axes.set_xlabel("cache ratio (experts on the device / all experts)")
     axes.set_ylabel("decode throughput relative to full")
-    axes.set_title(title, fontsize=9)
+    axes.set_title(textwrap.fill(title, 110), fontsize=8)
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
