@@ -290,8 +290,10 @@ class ExpertCache:
         self._copies_this_layer = 0
 
     def end_of_generation(self) -> None:
-        """The next decode layer does not follow this one in time."""
+        """The next decode layer does not follow this one in time, and the prefetches still queued
+        for it will not be needed by it: they are cancelled."""
         self._last_decode_layer_at = None
+        self._cancel_queued()
 
     def _evictable(self) -> list[ExpertKey]:
         return [

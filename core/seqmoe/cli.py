@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train-predictor", help="train the SeqMoE predictor on routing traces")
     train.add_argument("--traces", type=Path, required=True)
     train.add_argument("--out", type=Path, required=True, help="predictor file (.safetensors; a .json config goes beside it)")
-    train.add_argument("--horizon", type=int, default=4, help="how many MoE layers ahead to forecast")
+    train.add_argument("--horizon", type=int, default=8, help="how many MoE layers ahead to forecast")
     train.add_argument("--epochs", type=int, default=15)
     train.add_argument("--width", type=int, default=192, help="the predictor's model width")
 

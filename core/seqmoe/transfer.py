@@ -199,6 +199,8 @@ class EmulatedCopier:
                     return
                 job, submitted_at = self._queue.popleft()
                 job.state = JobState.COPYING
+                # Counted when the copy starts, as on CUDA: a started copy is never taken back.
+                self.bytes_copied += job.nbytes
             start = max(submitted_at, self._link_free_at)
             began = time.perf_counter()
             for dst, src in job.pairs:
@@ -211,7 +213,6 @@ class EmulatedCopier:
             delay = self._link_free_at - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            self.bytes_copied += job.nbytes
             job.state = JobState.DONE
             job.ready.set()
 

@@ -62,7 +62,7 @@ def test_trace_round_trip_records_the_routers_real_choice(traced: tuple[Path, Pa
 
 def test_training_lowers_validation_loss_and_saves_a_loadable_predictor(traced: tuple[Path, Path], tmp_path: Path) -> None:
     model_dir, out = traced
-    predictor = train_predictor(read_traces(out), TrainingOptions(epochs=4, width=32), progress=False)
+    predictor = train_predictor(read_traces(out), TrainingOptions(epochs=4, width=32, horizon=4), progress=False)
     report = predictor.config.report
     assert report["validation_loss"] < report["initial_validation_loss"]
     path = tmp_path / "p.safetensors"

@@ -19,7 +19,7 @@ from .samples import Positions, positions_of, split_documents
 
 @dataclass
 class TrainingOptions:
-    horizon: int = 4
+    horizon: int = 8
     epochs: int = 15
     batch_size: int = 1024
     learning_rate: float = 3e-3
