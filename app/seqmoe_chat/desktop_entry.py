@@ -13,10 +13,10 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
 from .app_metadata import APP_ID, APP_TITLE, DISTRIBUTION, ICON_SIZES, icon_png, icon_svg
+from .atomic_file import write_text_atomically
 
 # Characters that the desktop entry spec reserves in an Exec argument (they need quotes),
 # and those that must be escaped with a backslash inside the quotes.
@@ -88,7 +88,8 @@ def install(home: Path) -> list[Path]:
         shutil.copyfile(source, target)
         written.append(target)
     entry = desktop_file(home)
-    _write_atomically(entry, entry_text(launcher_command()))
+    # Desktop environments watch applications/ and would read a half-written entry.
+    write_text_atomically(entry, entry_text(launcher_command()), mode=0o644)
     written.append(entry)
     _refresh_caches(home)
     return written
@@ -138,15 +139,6 @@ def _exec_argument(argument: str) -> str:
 
 def _string_value(text: str) -> str:
     return "".join(_STRING_ESCAPES.get(c, c) for c in text)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    # Desktop environments watch applications/ and would read a half-written entry.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, suffix=".tmp", delete=False) as file:
-        file.write(text)
-    os.chmod(file.name, 0o644)
-    os.replace(file.name, path)
 
 
 def _refresh_caches(home: Path) -> None:

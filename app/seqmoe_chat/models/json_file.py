@@ -8,13 +8,13 @@ aside under another name, never overwritten.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from ..atomic_file import write_text_atomically
 
 
 class StoredFileError(Exception):
@@ -22,18 +22,7 @@ class StoredFileError(Exception):
 
 
 def write_json(path: Path, fmt: str, version: int, body: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump({"format": fmt, "version": version, **body}, handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    write_text_atomically(path, json.dumps({"format": fmt, "version": version, **body}, indent=1))
 
 
 def read_json(path: Path, fmt: str, version: int) -> dict[str, Any] | None:

@@ -6,11 +6,10 @@ conversation. JSON keeps everything, earlier versions included, for re-import.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from ..atomic_file import write_text_atomically
 from .html_format import to_html
 from .json_format import to_json
 from .reply_stats import stats_line
@@ -76,16 +75,7 @@ def render(transcripts: list[Transcript], fmt: str) -> str:
 def write_export(path: Path, transcripts: list[Transcript], fmt: str) -> None:
     """Write atomically: a temporary file beside ``path``, then a rename, so an existing
     file is never left half-written."""
-    text = render(transcripts, fmt)
-    path = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_text_atomically(path, render(transcripts, fmt))
 
 
 def format_for(path: Path) -> str | None:
