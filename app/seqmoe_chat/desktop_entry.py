@@ -89,6 +89,7 @@ def install(home: Path) -> list[Path]:
         written.append(target)
     entry = desktop_file(home)
     # Desktop environments watch applications/ and would read a half-written entry.
+    entry.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(entry, entry_text(launcher_command()), mode=0o644)
     written.append(entry)
     _refresh_caches(home)

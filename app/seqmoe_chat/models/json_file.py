@@ -22,6 +22,7 @@ class StoredFileError(Exception):
 
 
 def write_json(path: Path, fmt: str, version: int, body: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(path, json.dumps({"format": fmt, "version": version, **body}, indent=1))
 
 
