@@ -32,7 +32,7 @@ from .events import (
 from .policies import Forecast, Policy
 from .scheduler import Job, schedule
 from .store import HostStore, SlotPool, SlotState
-from .transfer import Copier, CopyJob, ExpertKey, JobState
+from .transfer import Copier, CopyJob, ExpertKey, JobState, MeasuredStall
 
 PHASES = ("prefill", "decode")
 LAYER_TIME_SMOOTHING = 0.2
@@ -88,8 +88,10 @@ class ExpertCache:
         self._last_decode_layer_at: float | None = None
         self._last_snapshot_at = float("-inf")
         self.link_load = 0.0
-        """Smoothed share of the link's time that decode copies ask for (above 1: more than it can carry)."""
+        """Smoothed copy time decode asks for per second of decode compute (above 1: more than
+        the link can carry while the layers compute)."""
         self._copies_this_layer = 0
+        self._stalled_this_layer = 0.0
 
     @property
     def size(self) -> int:
@@ -130,14 +132,18 @@ class ExpertCache:
             job = self.pool.job[slot]
             if job is not None:
                 self.copier.wait(job, phase)
+        stalls = self.copier.take_stalls()
+        self._stalled_this_layer += sum(stall.seconds for stall in stalls if stall.phase == "decode")
         if self.events.active:
-            self._report(layer, experts, missed, prefill)
+            self._report(layer, experts, missed, prefill, stalls)
         return slots
 
-    def _report(self, layer: int, experts: Sequence[int], missed: list[int], prefill: bool) -> None:
+    def _report(
+        self, layer: int, experts: Sequence[int], missed: list[int], prefill: bool, stalls: list[MeasuredStall]
+    ) -> None:
         emit = self.events.emit
         emit(LayerRouted(layer, tuple(experts), tuple(missed), prefill))
-        for stall in self.copier.take_stalls():
+        for stall in stalls:
             emit(Stall(stall.key, stall.seconds, "miss" if stall.urgent else "late prefetch", stall.phase == "prefill"))
         now = self.clock()
         if now - self._last_snapshot_at >= SNAPSHOT_SECONDS:
@@ -196,7 +202,7 @@ class ExpertCache:
         """Replace the queued prefetches by the JSD schedule of ``forecasts``."""
         self._cancel_queued()
         best: dict[ExpertKey, Forecast] = {}
-        worth = self.worth_prefetching
+        worth = self.worth_prefetching()
         for forecast in forecasts:
             known = best.get(forecast.key)
             if forecast.probability < worth:
@@ -217,20 +223,28 @@ class ExpertCache:
         candidates = self._evictable()
         room = len(self.pool.free) + len(candidates)
         for job in schedule(jobs, room, demote_above=DEMOTE_ABOVE):
-            if not self._prefetch(job.key, candidates):
+            if not self._prefetch(job.key, candidates, job.probability):
                 break
 
-    @property
-    def worth_prefetching(self) -> float:
-        """The lowest probability a prefetch must have to be expected to pay for its link time.
+    def worth_prefetching(self, victim_reuse: float = 0.0) -> float:
+        """The lowest probability a prefetch must have to pay for its link time, when the slot it
+        takes holds an expert needed again within a token with probability ``victim_reuse``.
 
-        A prefetch used with probability ``p`` saves one copy's stall; with ``1 - p`` it wastes
-        one copy's link time, which costs a stall as often as the link is in demand (its load
-        ``rho``, capped at 1). It pays when ``p > (1 - p) * rho``, i.e. ``p > rho / (1 + rho)``:
-        on an idle link any forecast is worth a copy, on a saturated one only the likelier half.
+        With the link's load ``rho`` (copy time asked per second of compute), a copy delays
+        compute by ``min(1, rho)`` of its time, and a miss turned into a timely prefetch saves
+        ``min(1, 1 / rho)`` of a copy's stall (on a saturated link the copy happens either way,
+        only its overlap with compute is won). A prefetch that goes unused (probability
+        ``1 - p``) wasted its copy and, with probability ``victim_reuse``, the victim's reload;
+        one that is used evicted no more than its miss would have. It pays when
+        ``p * min(1, 1/rho) > (1 - p) * (1 + victim_reuse) * min(1, rho)``, in both cases
+
+            p > x / (1 + x),     x = (1 + victim_reuse) * rho:
+
+        any forecast on an idle link, only near-certain ones on a link asked for many times
+        what it carries.
         """
-        load = min(self.link_load, 1.0)
-        return load / (1.0 + load)
+        cost = (1.0 + victim_reuse) * self.link_load
+        return cost / (1.0 + cost)
 
     def stream(self, layer: int, order: Sequence[int]) -> None:
         """Prefill: queue layer ``layer``'s experts in ``order`` while the layer before computes,
@@ -241,17 +255,21 @@ class ExpertCache:
             if key not in self.pool.slot_of and not self._prefetch(key, candidates, admit_all=True):
                 return
 
-    def _prefetch(self, key: ExpertKey, candidates: list[ExpertKey], admit_all: bool = False) -> bool:
-        """Queue a prefetch of ``key`` into a free slot or in place of one of ``candidates`` (which
-        loses its victim); False when there is no slot it deserves."""
+    def _prefetch(
+        self, key: ExpertKey, candidates: list[ExpertKey], probability: float = 1.0, admit_all: bool = False
+    ) -> bool:
+        """Queue a prefetch of ``key`` (used with ``probability``) into a free slot or in place of
+        one of ``candidates`` (which loses its victim); False when there is no slot it deserves."""
         victim = None
         if self.pool.free_slot() is None:
             if not candidates:
                 return False
             victim = self.policy.victim(candidates)
             wanted, held = self.policy.distance(key), self.policy.distance(victim)
-            if not admit_all and wanted is not None and held is not None and wanted >= held:
-                return False
+            if not admit_all and wanted is not None and held is not None:
+                reuse = min(1.0, self.host.num_layers / held)
+                if wanted >= held or probability <= self.worth_prefetching(reuse):
+                    return False
             candidates.remove(victim)
         slot = self._load(key, urgent=False, victim=victim)
         job = self.pool.job[slot]
@@ -279,8 +297,9 @@ class ExpertCache:
         now = self.clock()
         if self._last_decode_layer_at is not None:
             sample = now - self._last_decode_layer_at
+            compute = max(sample - self._stalled_this_layer, 1e-6)
             demand = self._copies_this_layer * self.copier.seconds_per_copy(self.host.layout.bytes_per_expert)
-            load = demand / sample if sample > 0 else 1.0
+            load = demand / compute
             if self.layer_seconds is None:
                 self.layer_seconds, self.link_load = sample, load
             else:
@@ -288,6 +307,7 @@ class ExpertCache:
                 self.link_load += LAYER_TIME_SMOOTHING * (load - self.link_load)
         self._last_decode_layer_at = now
         self._copies_this_layer = 0
+        self._stalled_this_layer = 0.0
 
     def end_of_generation(self) -> None:
         """The next decode layer does not follow this one in time, and the prefetches still queued

@@ -69,7 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--traces", type=Path, required=True)
     simulate.add_argument("--profile", default="rtx4090-pcie4", help="hardware profile: " + ", ".join(HARDWARE))
     simulate.add_argument("--shape", default="olmoe", help="model shape for byte sizes: " + ", ".join(SHAPES))
-    simulate.add_argument("--policies", default="lru,seqmoe,oracle")
+    simulate.add_argument("--policies", default="lru,seqmoe,oracle",
+                          help="comma-separated, of: lru, seqmoe, oracle, oracle-next (the oracle seeing one token ahead)")
+    simulate.add_argument("--compute-efficiency", type=float, default=1.0,
+                          help="share of the GPU's memory bandwidth a decode layer reaches (default 1: the roofline)")
     simulate.add_argument("--cache-ratios", default="0.2,0.3,0.45,0.6,0.8")
     simulate.add_argument("--predictor", type=Path,
                           help="predictor file for the seqmoe policy (default: the calibrated or bundled one for the traced model)")
@@ -214,7 +217,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         if path is None:
             raise SeqMoEError("no predictor for the traced model: give --predictor FILE or run `seqmoe calibrate` first")
         predictor = load_predictor(path, traces.manifest["model"])
-    hardware, shape = HARDWARE[args.profile], SHAPES[args.shape]
+    if not 0 < args.compute_efficiency <= 1:
+        raise SeqMoEError("--compute-efficiency is a share of the memory bandwidth: above 0, at most 1")
+    hardware, shape = HARDWARE[args.profile].at_efficiency(args.compute_efficiency), SHAPES[args.shape]
     try:
         rows = [
             simulate(traces, policy, float(ratio), hardware, shape, predictor).as_dict()
@@ -227,9 +232,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         print(json.dumps({"profile": args.profile, "shape": args.shape, "rows": rows}))
     out = sys.stderr if args.json else sys.stdout
     print(f"{hardware.description}; {shape.description}; {rows[0]['tokens']} decode tokens of {args.traces}", file=out)
-    print(f"{'policy':<8}{'ratio':>7}{'vs full':>9}{'hit rate':>10}{'stall ms/tok':>14}{'unused pf':>11}", file=out)
+    print(f"{'policy':<12}{'ratio':>7}{'vs full':>9}{'hit rate':>10}{'stall ms/tok':>14}{'unused pf':>11}", file=out)
     for row in rows:
-        print(f"{row['policy']:<8}{row['cache_ratio']:>7.2f}{row['ratio_to_full']:>9.1%}{row['hit_rate']:>10.1%}"
+        print(f"{row['policy']:<12}{row['cache_ratio']:>7.2f}{row['ratio_to_full']:>9.1%}{row['hit_rate']:>10.1%}"
               f"{1000 * row['stall_seconds_per_token']:>14.3f}{row['unused_prefetch_fraction']:>11.1%}", file=out)
     return 0
 

@@ -18,14 +18,18 @@ Policies:
 **Modified Belady.** The expected distance to the next use of a resident expert
 ``(j, e)``, in MoE layers from the layer now running ``l``, is
 
-    D(j, e) = d + L * (1 / p - 1),     d = (j - l) mod L  (L when j == l),
+    D(j, e) = d + L * (1 - p) / r,     d = (j - l) mod L  (L when j == l),
 
-where ``p`` is the probability that the next run of layer ``j`` uses ``e``: the forecast's
-probability when layer ``j`` is within its horizon, otherwise the prior ``k * f(j, e)``
-from the expert frequencies ``f``. The ``L * (1/p - 1)`` term is the expected wait of a
-geometric number of tokens until the expert is used. The expert with the largest ``D`` is
-evicted; candidates within ``NEAR`` layers of that largest distance count as equally far,
-and among them the lowest ``p`` goes first, then the least recently used.
+where ``p`` is the probability that the next run of layer ``j`` uses ``e`` (the forecast's,
+when layer ``j`` is within its horizon) and ``r`` is the expert's recent rate of use per
+token (an exponential average over the last ``1 / RATE_SMOOTHING`` tokens, starting from the
+prior ``k * f(j, e)`` of the expert frequencies ``f``). With probability ``p`` the next use is
+the layer's next run; otherwise it comes a geometric number of tokens later, ``1 / r`` on
+average. Beyond the forecast ``p = r``, and ``D = d + L * (1 / r - 1)``. The forecast sees one
+token ahead; the rate keeps the experts a conversation keeps coming back to, which a
+one-token forecast would rank as unlikely. The expert with the largest ``D`` is evicted;
+candidates within ``NEAR`` layers of that largest distance count as equally far, and among
+them the lowest ``p`` goes first, then the least recently used.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ PREDICTOR_BUDGET = 0.05
 """The largest share of decode time the predictor may take (see ``SeqMoEPolicy``)."""
 NEAR = 0.5
 MIN_PROBABILITY = 1e-3
+RATE_SMOOTHING = 0.125
+"""Weight of the newest token in an expert's rate of use (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -140,13 +146,27 @@ class BeladyPolicy(Policy):
         super().__init__(prior.shape[1])
         self.num_layers = num_layers
         self.prior = prior.clamp(MIN_PROBABILITY, 1.0)
+        self.rate: list[list[float]] = self.prior.tolist()
+        """Each expert's recent rate of use per token (plain floats: read at every eviction)."""
         self.forecast_probability: dict[ExpertKey, float] = {}
         self.forecast_layers: set[int] = set()
 
+    def observe(self, layer: int, experts: Sequence[int]) -> None:
+        super().observe(layer, experts)
+        row = self.rate[layer]
+        for expert in range(len(row)):
+            row[expert] *= 1.0 - RATE_SMOOTHING
+        for expert in experts:
+            row[expert] += RATE_SMOOTHING
+
     def probability(self, key: ExpertKey) -> float:
+        """That the next run of the expert's layer uses it."""
         if key[0] in self.forecast_layers:
             return max(self.forecast_probability.get(key, 0.0), MIN_PROBABILITY)
-        return float(self.prior[key])
+        return self.recent_rate(key)
+
+    def recent_rate(self, key: ExpertKey) -> float:
+        return max(self.rate[key[0]][key[1]], MIN_PROBABILITY)
 
     def stream_order(self, layer: int) -> Sequence[int]:
         return self.prior[layer].argsort(descending=True).tolist()
@@ -154,7 +174,7 @@ class BeladyPolicy(Policy):
     def distance(self, key: ExpertKey) -> float:
         layers = self.num_layers
         steps = (key[0] - self.layer) % layers or layers
-        return steps + layers * (1.0 / self.probability(key) - 1.0)
+        return steps + layers * (1.0 - self.probability(key)) / self.recent_rate(key)
 
     def victim(self, candidates: Sequence[ExpertKey]) -> ExpertKey:
         distances = {key: self.distance(key) for key in candidates}
@@ -250,14 +270,28 @@ def _smoothed(average: float | None, sample: float, alpha: float = 0.2) -> float
 
 
 class OraclePolicy(BeladyPolicy):
-    """Knows the future: the experts of every later acquire of the same greedy run."""
+    """Knows the future: the experts of every later acquire of the same greedy run.
+
+    With ``lookahead`` it knows only the next ``lookahead`` acquires (``num_layers`` of them:
+    the rest of this token and the next one): the limit of any forecaster that sees that
+    far, since its eviction ranks the experts needed beyond it as unknown, least recently
+    used first.
+    """
 
     name = "oracle"
 
-    def __init__(self, future: list[tuple[int, frozenset[int]]], num_layers: int, num_experts: int, horizon: int) -> None:
+    def __init__(
+        self,
+        future: list[tuple[int, frozenset[int]]],
+        num_layers: int,
+        num_experts: int,
+        horizon: int,
+        lookahead: int | None = None,
+    ) -> None:
         super().__init__(num_layers, torch.full((num_layers, num_experts), MIN_PROBABILITY))
         self.future = future
         self.horizon = horizon
+        self.lookahead = lookahead
         self.position = -1
         self._uses: dict[ExpertKey, list[int]] = {}
         for position, (layer, experts) in enumerate(future):
@@ -275,7 +309,9 @@ class OraclePolicy(BeladyPolicy):
     def distance(self, key: ExpertKey) -> float:
         uses = self._uses.get(key, [])
         index = bisect.bisect_right(uses, self.position)
-        return float(uses[index] - self.position) if index < len(uses) else float("inf")
+        if index == len(uses) or (self.lookahead is not None and uses[index] - self.position > self.lookahead):
+            return float("inf")
+        return float(uses[index] - self.position)
 
     def stream_order(self, layer: int) -> Sequence[int]:
         for used_layer, experts in self.future[self.position + 1 :]:

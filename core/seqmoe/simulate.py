@@ -3,7 +3,7 @@ on a virtual clock, with the costs of a named GPU, link and model shape.
 
 The same ``ExpertCache``, scheduler and policies as at run time make every decision; only
 time is modelled: a decode layer computes in ``layer_bytes / memory bandwidth`` (decode is
-memory-bandwidth bound), a copy takes ``latency + expert_bytes / link bandwidth`` on one
+memory-bandwidth bound; ``Hardware.at_efficiency`` models an engine reaching only part of it), a copy takes ``latency + expert_bytes / link bandwidth`` on one
 lane, and compute waits for a missing expert. Routing comes from the trace, so a trace of
 a small model stands in for the routing of a large one, whose byte sizes come from the
 model shape.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -32,6 +32,14 @@ class Hardware:
     link_bytes_per_s: float
     link_latency_s: float
     memory_bytes_per_s: float
+
+    def at_efficiency(self, share: float) -> Hardware:
+        """The same GPU with decode reaching only ``share`` of its memory bandwidth (as real
+        engines do at batch size 1: kernel launches and small matrices)."""
+        if share == 1.0:
+            return self
+        description = f"{self.description}, decode at {share:.0%} of memory bandwidth"
+        return replace(self, description=description, memory_bytes_per_s=self.memory_bytes_per_s * share)
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,11 @@ SHAPES = {
     "qwen3-30b-a3b": ModelShape("Qwen3-30B-A3B, bf16", 3 * 2048 * 768 * 2, (32 + 4 + 4 + 32) * 128 * 2048 * 2, 8),
     "mixtral-8x7b": ModelShape("Mixtral-8x7B, bf16", 3 * 4096 * 14336 * 2, (32 + 8 + 8 + 32) * 128 * 4096 * 2, 2),
 }
+
+
+ORACLE_NEXT = "oracle-next"
+"""The oracle that sees one token ahead: the limit of a forecaster whose horizon is one token."""
+SIMULATED_POLICIES = ("lru", "seqmoe", "oracle", ORACLE_NEXT)
 
 
 class VirtualClock:
@@ -291,12 +304,13 @@ def _policy(name: str, traces: Traces, steps: list[Step], predictor: ExpertPredi
     layers, experts = traces.experts.shape[1], traces.probs.shape[-1]
     if name == "lru":
         return LRUPolicy(experts)
-    if name == "oracle":
-        return OraclePolicy([(step.layer, frozenset(step.experts)) for step in steps], layers, experts, horizon=4)
+    if name in ("oracle", ORACLE_NEXT):
+        lookahead = layers if name == ORACLE_NEXT else None
+        return OraclePolicy([(s.layer, frozenset(s.experts)) for s in steps], layers, experts, horizon=4, lookahead=lookahead)
     if name == "seqmoe":
         if predictor is None:
             raise ValueError("the seqmoe policy needs a predictor")
         prior = (torch.tensor(predictor.config.frequency) * predictor.config.top_k).clamp(max=1.0)
         predict: Callable = predictor.predict
         return SeqMoEPolicy(predict, layers, prior, stride=1)  # virtual time: the predictor costs nothing
-    raise ValueError(f"the simulator replays lru, seqmoe and oracle, not {name!r}")
+    raise ValueError(f"the simulator replays {', '.join(SIMULATED_POLICIES)}, not {name!r}")

@@ -11,6 +11,7 @@ import torch
 from seqmoe.cache import ExpertCache
 from seqmoe.events import EventBus
 from seqmoe.policies import BeladyPolicy, Forecast, OraclePolicy, SeqMoEPolicy
+from seqmoe.simulate import SimulatedCopier, VirtualClock
 from seqmoe.store import HostStore
 from seqmoe.transfer import EmulatedCopier
 
@@ -51,6 +52,27 @@ def test_equal_scores_evict_the_least_recently_used() -> None:
     assert policy.victim([(3, 1), (3, 2)]) == (3, 2)
 
 
+def test_an_expert_in_steady_use_outlives_a_recent_one_forecast_as_unlikely() -> None:
+    policy = belady(prior=0.1)
+    for token in range(9):  # layer 2 used expert 1 for eight tokens, then expert 2 once
+        for layer in range(LAYERS):
+            policy.observe(layer, ([1] if token < 8 else [2]) if layer == 2 else [0])
+    policy.remember([Forecast((2, 1), 0.05, 3), Forecast((2, 2), 0.05, 3)], {2})
+    # Same forecast for the next token; beyond it expert 1's rate of use brings it back sooner.
+    assert policy.distance((2, 1)) < policy.distance((2, 2)) - 10
+    assert policy.victim([(2, 1), (2, 2)]) == (2, 2)  # LRU alone would evict expert 1
+
+
+def test_an_oracle_seeing_one_token_ahead_ranks_later_uses_as_unknown() -> None:
+    future = [(0, frozenset({0})), (1, frozenset({1})), (0, frozenset({2})), (1, frozenset({3})), (0, frozenset({0}))]
+    oracle, limited = OraclePolicy(future, 2, EXPERTS, horizon=1), OraclePolicy(future, 2, EXPERTS, horizon=1, lookahead=2)
+    for policy in (oracle, limited):
+        policy.observe(0, [0])
+        policy.observe(1, [1])
+    assert limited.distance((0, 2)) == 1 and limited.distance((1, 3)) == 2
+    assert oracle.distance((0, 0)) == 3 and limited.distance((0, 0)) == float("inf")  # beyond its sight
+
+
 def test_oracle_evicts_the_expert_used_last() -> None:
     future = [(0, frozenset({0})), (1, frozenset({1})), (2, frozenset({2})), (1, frozenset({3}))]
     oracle = OraclePolicy(future, LAYERS, EXPERTS, horizon=2)
@@ -78,6 +100,32 @@ def test_admission_refuses_a_prefetch_needed_later_than_its_victim() -> None:
     cache.plan([Forecast((2, 3), 0.95, 1)])
     assert (2, 3) in cache.pool.slot_of and (1, 0) not in cache.pool.slot_of
     cache.copier.close()
+
+
+def test_the_busier_the_link_the_likelier_a_prefetch_must_be() -> None:
+    cache = make_cache(4, belady())
+    assert cache.worth_prefetching() == 0.0  # idle link: any forecast is worth a copy
+    cache.link_load = 1.0
+    assert cache.worth_prefetching() == pytest.approx(0.5)
+    assert cache.worth_prefetching(victim_reuse=1.0) == pytest.approx(2 / 3)
+    cache.link_load = 9.0  # asked for nine times what it carries
+    assert cache.worth_prefetching() == pytest.approx(0.9)
+    cache.release(cache.acquire(0, [0], prefill=False))
+    cache.plan([Forecast((1, 2), 0.95, 1), Forecast((1, 3), 0.85, 1)])
+    assert (1, 2) in cache.pool.slot_of and (1, 3) not in cache.pool.slot_of
+    cache.copier.close()
+
+
+def test_link_load_is_copy_time_per_second_of_compute_stalls_excluded() -> None:
+    clock = VirtualClock()
+    host = HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pin=False)
+    copier = SimulatedCopier(clock, seconds_per_copy=4.0, expert_bytes=1)
+    cache = ExpertCache(host, 4, torch.device("cpu"), copier, belady(), EventBus(), clock=clock)
+    cache.release(cache.acquire(0, [0], prefill=False))  # a miss: 4 s of stall
+    clock.now += 1.0  # the layer computes for 1 s
+    cache.release(cache.acquire(1, [1], prefill=False))
+    # One 4 s copy per second of compute; over the 5 s the layer took it would look like 0.8.
+    assert cache.link_load == pytest.approx(4.0)
 
 
 def test_planned_prefetch_turns_the_next_layer_into_a_hit() -> None:
