@@ -123,10 +123,16 @@ class BenchRow:
 
 
 def decode_layer_seconds(engine: Engine, prompts: list[list[int]], max_new_tokens: int) -> float:
-    """One MoE layer's share of a decode step with every expert resident."""
+    """One MoE layer's share of a decode step with every expert resident (after a warm-up
+    generation: the first one pays for allocations and would make the link look slow)."""
     engine.configure("full")
-    totals = Totals([engine.generate(p, Sampling(max_new_tokens=max_new_tokens)).stats for p in prompts[:2]])
-    return 1.0 / totals.tokens_per_s / engine.loaded.host.num_layers
+    engine.generate(prompts[0], Sampling(max_new_tokens=4))
+    totals = Totals([engine.generate(p, Sampling(max_new_tokens=max_new_tokens)).stats for p in prompts])
+    return layer_seconds(totals, engine.loaded.host.num_layers)
+
+
+def layer_seconds(totals: Totals, num_layers: int) -> float:
+    return 1.0 / totals.tokens_per_s / num_layers
 
 
 def link_for(setup: Setup, layer_seconds: float, expert_bytes: int) -> float:

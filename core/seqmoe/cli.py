@@ -151,6 +151,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         decode_layer_seconds,
         event_stream_overhead,
         format_table,
+        layer_seconds,
         link_for,
         plot,
         run_bench,
@@ -176,7 +177,15 @@ def run_bench_command(args: argparse.Namespace) -> int:
     else:
         link_note = f"{engine.link} link" + (f" {engine.link_gbps} GB/s" if engine.link == "emulated" else "")
     overhead = event_stream_overhead(engine, prompts, ratios[0], args.max_new_tokens) if args.event_overhead else None
+    layers = engine.loaded.host.num_layers
+    copy_seconds = None
+    if engine.link == "emulated":
+        copy_seconds = engine.link_latency_s + engine.loaded.host.layout.bytes_per_expert / (engine.link_gbps * 1e9)
     rows = run_bench(engine, prompts, policies, ratios, args.max_new_tokens)
+    if copy_seconds is not None:
+        full_layer = layer_seconds(rows[0].totals, layers)
+        link_note += (f"; full's row of this run: {1000 * full_layer:.3f} ms per MoE layer, one copy = "
+                      f"{copy_seconds / full_layer:.2f} layers")
     title = f"{engine.loaded.architecture}, {len(prompts)} prompts x {args.max_new_tokens} tokens; {link_note}"
     report = {"model": engine.loaded.path.name, "link": link_note, "rows": [row.as_dict() for row in rows]}
     if overhead is not None:
