@@ -24,6 +24,8 @@ from .errors import BudgetTooSmall, SeqMoEError
 from .events import EventBus, TokenGenerated
 from .loader import LoadedModel, find_routers, router_logits
 from .policies import (
+    ORACLE_NEXT,
+    ORACLES,
     POLICY_NAMES,
     FullPolicy,
     GatePolicy,
@@ -205,10 +207,11 @@ class Engine:
                 return SeqMoEPolicy(self._gate_forecaster(), layers, prior)
             prior = (torch.tensor(predictor.config.frequency) * top_k).clamp(max=1.0)
             return SeqMoEPolicy(predictor.predict, layers, prior, horizon=self.horizon)
-        if name == "oracle":
+        if name in ORACLES:
             if future is None:
-                raise SeqMoEError("the oracle policy needs the recorded future of the same run (seqmoe bench records it)")
-            return OraclePolicy(future, layers, experts, horizon=ORACLE_HORIZON)
+                raise SeqMoEError(f"the {name} policy needs the recorded future of the same run (seqmoe bench records it)")
+            lookahead = layers if name == ORACLE_NEXT else None
+            return OraclePolicy(future, layers, experts, horizon=ORACLE_HORIZON, lookahead=lookahead)
         raise SeqMoEError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
     def _router_functions(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:

@@ -14,6 +14,8 @@ Policies:
   JSD, and modified-Belady eviction on the predicted distances.
 - ``oracle``: the true future of the same greedy run, the same scheduler and Belady:
   the limit for a given cache size and link.
+- ``oracle-next``: the oracle that sees only the next token: the limit of any forecaster,
+  however accurate, whose horizon is one token.
 
 **Modified Belady.** The expected distance to the next use of a resident expert
 ``(j, e)``, in MoE layers from the layer now running ``l``, is
@@ -44,7 +46,11 @@ import torch
 
 from .transfer import ExpertKey
 
-POLICY_NAMES = ("full", "lru", "gate", "seqmoe", "oracle")
+ORACLE_NEXT = "oracle-next"
+"""The oracle that sees one token ahead: the limit of a forecaster whose horizon is one token."""
+ORACLES = ("oracle", ORACLE_NEXT)
+"""Policies that need the recorded future of the same run."""
+POLICY_NAMES = ("full", "lru", "gate", "seqmoe", *ORACLES)
 PREDICTOR_BUDGET = 0.05
 """The largest share of decode time the predictor may take (see ``SeqMoEPolicy``)."""
 NEAR = 0.5

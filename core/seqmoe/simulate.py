@@ -19,7 +19,7 @@ import torch
 
 from .cache import ExpertCache
 from .events import EventBus
-from .policies import LRUPolicy, OraclePolicy, Policy, SeqMoEPolicy
+from .policies import ORACLE_NEXT, ORACLES, LRUPolicy, OraclePolicy, Policy, SeqMoEPolicy
 from .predictor.model import ExpertPredictor
 from .store import ExpertLayout
 from .trace import PREFILL_CHUNK, Traces
@@ -66,9 +66,7 @@ SHAPES = {
 }
 
 
-ORACLE_NEXT = "oracle-next"
-"""The oracle that sees one token ahead: the limit of a forecaster whose horizon is one token."""
-SIMULATED_POLICIES = ("lru", "seqmoe", "oracle", ORACLE_NEXT)
+SIMULATED_POLICIES = ("lru", "seqmoe", *ORACLES)
 
 
 class VirtualClock:
@@ -304,7 +302,7 @@ def _policy(name: str, traces: Traces, steps: list[Step], predictor: ExpertPredi
     layers, experts = traces.experts.shape[1], traces.probs.shape[-1]
     if name == "lru":
         return LRUPolicy(experts)
-    if name in ("oracle", ORACLE_NEXT):
+    if name in ORACLES:
         lookahead = layers if name == ORACLE_NEXT else None
         return OraclePolicy([(s.layer, frozenset(s.experts)) for s in steps], layers, experts, horizon=4, lookahead=lookahead)
     if name == "seqmoe":

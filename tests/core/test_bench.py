@@ -22,18 +22,20 @@ def test_bench_reports_every_policy_and_ratio_with_identical_tokens(
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello there\n\nhow are you today?\n", encoding="utf-8")
     status = main([
-        "bench", "--model", str(mixtral_dir), "--device", "cpu", "--prompts", str(prompts), "--policies", "lru,seqmoe,oracle",
+        "bench", "--model", str(mixtral_dir), "--device", "cpu", "--prompts", str(prompts), "--policies", "lru,seqmoe,oracle,oracle-next",
         "--cache-ratios", "0.5", "--max-new-tokens", "4", "--json", "--event-overhead",
     ])
     out, err = capsys.readouterr()
     assert status == 0
     report = json.loads(out)
     rows = report["rows"]
-    assert [(r["policy"], r["cache_ratio"]) for r in rows] == [("full", 1.0), ("lru", 0.5), ("seqmoe", 0.5), ("oracle", 0.5)]
+    assert [(r["policy"], r["cache_ratio"]) for r in rows] == [
+        ("full", 1.0), ("lru", 0.5), ("seqmoe", 0.5), ("oracle", 0.5), ("oracle-next", 0.5)
+    ]
     for row in rows:
         assert ROW_KEYS <= set(row) and row["same_tokens_as_full"]
     assert len({row["tokens"] for row in rows}) == 1
-    assert "one expert copy =" in report["link"]
+    assert "one expert copy =" in report["link"] and "full's row of this run" in report["link"]
     stream = report["event_stream"]
     assert stream["events_per_token"] > 0 and stream["tokens_per_s_with_listener"] > 0
     assert "event stream:" in err and "oracle" in err

@@ -96,8 +96,8 @@ def test_predictive_policies_give_the_reference_tokens(tiny_models: dict[str, Pa
     try:
         for ratio in (0.5, minimum):
             future = record_future(engine, PROMPT, greedy, ratio)
-            for policy in ("gate", "seqmoe", "oracle"):
-                engine.configure(policy, cache_ratio=ratio, future=future if policy == "oracle" else None)
+            for policy in ("gate", "seqmoe", "oracle", "oracle-next"):
+                engine.configure(policy, cache_ratio=ratio, future=future if policy.startswith("oracle") else None)
                 result = engine.generate(PROMPT, greedy)
                 assert result.token_ids == expected, f"{family} {policy} at cache ratio {ratio:.2f}"
                 if ratio == 0.5:
