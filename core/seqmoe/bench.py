@@ -7,6 +7,9 @@ resident, is the reference the others are measured against.
 On the emulated link the copy speed is chosen, unless given, so that one expert's
 transfer time relative to one MoE layer's decode compute time equals that ratio on a
 named consumer setup (``SETUPS``), the compute time being measured here with ``full``.
+A shared machine's speed drifts by tens of percent within minutes while an emulated
+copy takes the same time, so every row is bracketed by two runs of ``full``: the one
+before sets the link, the mean of both is the row's reference speed.
 """
 
 from __future__ import annotations
@@ -123,6 +126,8 @@ class BenchRow:
     totals: Totals
     ratio_to_full: float
     same_tokens: bool
+    copy_layers: float | None = None
+    """One expert copy in layers of ``full``'s decode compute, as run (emulated link)."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -132,42 +137,60 @@ class BenchRow:
             **self.totals.as_dict(),
             "ratio_to_full": self.ratio_to_full,
             "same_tokens_as_full": self.same_tokens,
+            "copy_layers": self.copy_layers,
         }
 
 
-def decode_layer_seconds(engine: Engine, prompts: list[list[int]], max_new_tokens: int) -> float:
-    """One MoE layer's share of a decode step with every expert resident (after a warm-up
-    generation: the first one pays for allocations and would make the link look slow)."""
-    engine.configure("full")
-    engine.generate(prompts[0], Sampling(max_new_tokens=4))
-    totals = Totals([engine.generate(p, Sampling(max_new_tokens=max_new_tokens)).stats for p in prompts])
-    return layer_seconds(totals, engine.loaded.host.num_layers)
-
-
 def layer_seconds(totals: Totals, num_layers: int) -> float:
+    """One MoE layer's share of a decode step."""
     return 1.0 / totals.tokens_per_s / num_layers
 
 
-def link_for(setup: Setup, layer_seconds: float, expert_bytes: int) -> float:
-    """GB/s at which one expert's copy takes ``setup.transfer_to_compute`` layers of compute here."""
-    return expert_bytes / (setup.transfer_to_compute * layer_seconds) / 1e9
+def set_link(engine: Engine, full: Totals, copy_layers: float) -> None:
+    """Set the emulated link so one expert copy takes ``copy_layers`` layers of ``full``'s decode."""
+    copy_seconds = copy_layers * layer_seconds(full, engine.loaded.host.num_layers)
+    expert_bytes = engine.loaded.host.layout.bytes_per_expert
+    engine.link_gbps = expert_bytes / max(copy_seconds - engine.link_latency_s, 1e-9) / 1e9
+
+
+def full_speed(engine: Engine, prompts: list[list[int]], sampling: Sampling) -> Totals:
+    engine.configure("full")
+    return Totals([engine.generate(p, sampling).stats for p in prompts])
 
 
 def run_bench(
-    engine: Engine, prompts: list[list[int]], policies: list[str], ratios: list[float], max_new_tokens: int
+    engine: Engine,
+    prompts: list[list[int]],
+    policies: list[str],
+    ratios: list[float],
+    max_new_tokens: int,
+    copy_layers: float | None = None,
 ) -> list[BenchRow]:
-    """Every policy at every cache ratio over the same prompts, against ``full`` in the same run."""
+    """Every policy at every cache ratio over the same prompts, each row against the runs of
+    ``full`` just before and after it. With ``copy_layers`` (emulated link), the link is set
+    before each row so that one expert copy takes that many layers of ``full``'s decode."""
     greedy = Sampling(max_new_tokens=max_new_tokens)
+    layers = engine.loaded.host.num_layers
+    expert_bytes = engine.loaded.host.layout.bytes_per_expert
     engine.configure("full")
     engine.generate(prompts[0], Sampling(max_new_tokens=4))
     reference = [engine.generate(p, greedy) for p in prompts]
     full = Totals([r.stats for r in reference])
-    rows = [BenchRow("full", 1.0, engine.cache_slots, full, 1.0, True)]
+
+    def run_full() -> Totals:
+        totals = full_speed(engine, prompts, greedy)
+        full.runs.extend(totals.runs)
+        return totals
+
+    rows = []
     for ratio in ratios:
         futures: list[list[tuple[int, frozenset[int]]]] | None = None
         for policy in policies:
             if policy == "full":
                 continue
+            before = run_full()
+            if copy_layers is not None:
+                set_link(engine, before, copy_layers)
             if policy in ORACLES and futures is None:
                 futures = [record_future(engine, p, greedy, ratio) for p in prompts]
             totals, same = Totals(), True
@@ -177,7 +200,15 @@ def run_bench(
                 result = engine.generate(prompt, greedy)
                 totals.runs.append(result.stats)
                 same &= result.token_ids == reference[index].token_ids
-            rows.append(BenchRow(policy, ratio, engine.cache_slots, totals, totals.tokens_per_s / full.tokens_per_s, same))
+            after = run_full()
+            speed = (before.tokens_per_s + after.tokens_per_s) / 2
+            ran = None
+            if engine.link == "emulated":
+                seconds = engine.link_latency_s + expert_bytes / (engine.link_gbps * 1e9)
+                ran = seconds * speed * layers
+            rows.append(BenchRow(policy, ratio, engine.cache_slots, totals, totals.tokens_per_s / speed, same, ran))
+    engine.configure("full")
+    rows.insert(0, BenchRow("full", 1.0, engine.cache_slots, full, 1.0, True))
     engine.close()
     return rows
 
@@ -239,19 +270,23 @@ def record_future(engine: Engine, prompt_ids: list[int], sampling: Sampling, rat
 
 def format_table(rows: list[BenchRow]) -> str:
     header = (
-        f"{'policy':<8}{'ratio':>7}{'slots':>7}{'tok/s':>9}{'vs full':>9}{'hit rate':>10}{'stall ms/tok':>14}"
-        f"{'MiB/tok':>9}{'unused pf':>11}{'prefill tok/s':>15}  same"
+        f"{'policy':<12}{'ratio':>7}{'slots':>7}{'tok/s':>9}{'vs full':>9}{'hit rate':>10}{'stall ms/tok':>14}"
+        f"{'MiB/tok':>9}{'unused pf':>11}{'prefill tok/s':>15}{'copy/layer':>12}  same"
     )
     lines = [header]
     for row in rows:
         d = row.as_dict()
         lines.append(
-            f"{d['policy']:<8}{d['cache_ratio']:>7.2f}{d['cache_slots']:>7}{d['tokens_per_s']:>9.2f}"
+            f"{d['policy']:<12}{d['cache_ratio']:>7.2f}{d['cache_slots']:>7}{d['tokens_per_s']:>9.2f}"
             f"{d['ratio_to_full']:>9.1%}{d['hit_rate']:>10.1%}{1000 * d['stall_seconds_per_token']:>14.2f}"
             f"{d['h2d_bytes_per_token'] / 2**20:>9.2f}{d['unused_prefetch_fraction']:>11.1%}"
-            f"{d['prefill_tokens_per_s']:>15.1f}  {'yes' if d['same_tokens_as_full'] else 'NO'}"
+            f"{d['prefill_tokens_per_s']:>15.1f}{_optional(row.copy_layers):>12}  {'yes' if d['same_tokens_as_full'] else 'NO'}"
         )
     return "\n".join(lines)
+
+
+def _optional(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def plot(rows: list[BenchRow], path: str, title: str) -> None:

@@ -148,14 +148,14 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from .bench import (
         BUILT_IN_PROMPTS,
         SETUPS,
-        decode_layer_seconds,
         event_stream_overhead,
         format_table,
-        layer_seconds,
-        link_for,
+        full_speed,
         plot,
         run_bench,
+        set_link,
     )
+    from .engine import Sampling
 
     policies = [p for p in args.policies.split(",") if p]
     unknown = sorted(set(policies) - set(POLICY_NAMES))
@@ -168,24 +168,19 @@ def run_bench_command(args: argparse.Namespace) -> int:
     engine = load_engine(args)
     chat = bool(engine.loaded.tokenizer.chat_template)
     prompts = [engine.encode(text, chat=chat) for text in texts]
+    copy_layers = None
     if engine.link == "emulated" and args.link_gbps is None:
         setup = SETUPS[args.setup]
-        layer = decode_layer_seconds(engine, prompts, min(args.max_new_tokens, 32))
-        engine.link_gbps = link_for(setup, layer, engine.loaded.host.layout.bytes_per_expert)
-        link_note = (f"emulated link {engine.link_gbps * 1000:.4g} MB/s: one expert copy = {setup.transfer_to_compute:.2f} x "
-                     f"one MoE layer's decode compute ({1000 * layer:.3f} ms measured with full), as for {setup.description}")
+        copy_layers = setup.transfer_to_compute
+        link_note = (f"emulated link set before every row so that one expert copy = {copy_layers:.2f} x one MoE layer's "
+                     f"decode compute of full, measured just before the row, as for {setup.description}")
+        engine.configure("full")
+        engine.generate(prompts[0], Sampling(max_new_tokens=4))
+        set_link(engine, full_speed(engine, prompts, Sampling(max_new_tokens=args.max_new_tokens)), copy_layers)
     else:
         link_note = f"{engine.link} link" + (f" {engine.link_gbps} GB/s" if engine.link == "emulated" else "")
     overhead = event_stream_overhead(engine, prompts, ratios[0], args.max_new_tokens) if args.event_overhead else None
-    layers = engine.loaded.host.num_layers
-    copy_seconds = None
-    if engine.link == "emulated":
-        copy_seconds = engine.link_latency_s + engine.loaded.host.layout.bytes_per_expert / (engine.link_gbps * 1e9)
-    rows = run_bench(engine, prompts, policies, ratios, args.max_new_tokens)
-    if copy_seconds is not None:
-        full_layer = layer_seconds(rows[0].totals, layers)
-        link_note += (f"; full's row of this run: {1000 * full_layer:.3f} ms per MoE layer, one copy = "
-                      f"{copy_seconds / full_layer:.2f} layers")
+    rows = run_bench(engine, prompts, policies, ratios, args.max_new_tokens, copy_layers)
     title = f"{engine.loaded.architecture}, {len(prompts)} prompts x {args.max_new_tokens} tokens; {link_note}"
     report = {"model": engine.loaded.path.name, "link": link_note, "rows": [row.as_dict() for row in rows]}
     if overhead is not None:
