@@ -7,9 +7,9 @@ resident, is the reference the others are measured against.
 On the emulated link the copy speed is chosen, unless given, so that one expert's
 transfer time relative to one MoE layer's decode compute time equals that ratio on a
 named consumer setup (``SETUPS``), the compute time being measured here with ``full``.
-A shared machine's speed drifts by tens of percent within minutes while an emulated
-copy takes the same time, so every row is bracketed by two runs of ``full``: the one
-before sets the link, the mean of both is the row's reference speed.
+A shared machine's speed drifts by tens of percent within a minute while an emulated
+copy takes the same time, so every prompt's run is bracketed by two runs of ``full`` on
+the same prompt: the one before sets the link, the mean of both is its reference time.
 """
 
 from __future__ import annotations
@@ -166,47 +166,46 @@ def run_bench(
     max_new_tokens: int,
     copy_layers: float | None = None,
 ) -> list[BenchRow]:
-    """Every policy at every cache ratio over the same prompts, each row against the runs of
-    ``full`` just before and after it. With ``copy_layers`` (emulated link), the link is set
-    before each row so that one expert copy takes that many layers of ``full``'s decode."""
+    """Every policy at every cache ratio over the same prompts. Each prompt's run is bracketed
+    by two runs of ``full`` on the same prompt, the mean of which is its reference; with
+    ``copy_layers`` (emulated link) the run before also sets the link, so that one expert
+    copy takes that many layers of ``full``'s decode."""
     greedy = Sampling(max_new_tokens=max_new_tokens)
     layers = engine.loaded.host.num_layers
-    expert_bytes = engine.loaded.host.layout.bytes_per_expert
     engine.configure("full")
     engine.generate(prompts[0], Sampling(max_new_tokens=4))
     reference = [engine.generate(p, greedy) for p in prompts]
     full = Totals([r.stats for r in reference])
-
-    def run_full() -> Totals:
-        totals = full_speed(engine, prompts, greedy)
-        full.runs.extend(totals.runs)
-        return totals
-
     rows = []
     for ratio in ratios:
         futures: list[list[tuple[int, frozenset[int]]]] | None = None
         for policy in policies:
             if policy == "full":
                 continue
-            before = run_full()
-            if copy_layers is not None:
-                set_link(engine, before, copy_layers)
             if policy in ORACLES and futures is None:
                 futures = [record_future(engine, p, greedy, ratio) for p in prompts]
-            totals, same = Totals(), True
+            totals, same, full_seconds, ran = Totals(), True, 0.0, []
             for index, prompt in enumerate(prompts):
+                before = full_speed(engine, [prompt], greedy)
+                if copy_layers is not None:
+                    set_link(engine, before, copy_layers)
                 future = futures[index] if futures is not None and policy in ORACLES else None
                 engine.configure(policy, cache_ratio=ratio, future=future)
+                slots = engine.cache_slots
                 result = engine.generate(prompt, greedy)
                 totals.runs.append(result.stats)
                 same &= result.token_ids == reference[index].token_ids
-            after = run_full()
-            speed = (before.tokens_per_s + after.tokens_per_s) / 2
-            ran = None
-            if engine.link == "emulated":
-                seconds = engine.link_latency_s + expert_bytes / (engine.link_gbps * 1e9)
-                ran = seconds * speed * layers
-            rows.append(BenchRow(policy, ratio, engine.cache_slots, totals, totals.tokens_per_s / speed, same, ran))
+                after = full_speed(engine, [prompt], greedy)
+                full.runs.extend(before.runs + after.runs)
+                seconds = (before.decode_seconds + after.decode_seconds) / 2
+                full_seconds += seconds
+                if engine.link == "emulated" and before.decode_tokens:
+                    copy = engine.link_latency_s + engine.loaded.host.layout.bytes_per_expert / (engine.link_gbps * 1e9)
+                    ran.append(copy / (seconds / before.decode_tokens / layers))
+            speed = totals.decode_tokens / full_seconds if full_seconds > 0 else 0.0
+            ratio_to_full = totals.tokens_per_s / speed if speed > 0 else 0.0
+            copy_ran = sum(ran) / len(ran) if ran else None
+            rows.append(BenchRow(policy, ratio, slots, totals, ratio_to_full, same, copy_ran))
     engine.configure("full")
     rows.insert(0, BenchRow("full", 1.0, engine.cache_slots, full, 1.0, True))
     engine.close()

@@ -172,8 +172,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if engine.link == "emulated" and args.link_gbps is None:
         setup = SETUPS[args.setup]
         copy_layers = setup.transfer_to_compute
-        link_note = (f"emulated link set before every row so that one expert copy = {copy_layers:.2f} x one MoE layer's "
-                     f"decode compute of full, measured just before the row, as for {setup.description}")
+        link_note = (f"emulated link set before every run so that one expert copy = {copy_layers:.2f} x one MoE layer's "
+                     f"decode compute of full, measured just before each prompt's run, as for {setup.description}")
         engine.configure("full")
         engine.generate(prompts[0], Sampling(max_new_tokens=4))
         set_link(engine, full_speed(engine, prompts, Sampling(max_new_tokens=args.max_new_tokens)), copy_layers)
