@@ -68,6 +68,8 @@ class CalibrationRunner:
         if self._child is None or self.status is None:
             return False
         changed = False
+        # Asked before draining: once the exit status is known, every line is already queued.
+        code = self._child.exit_code()
         for stream, line in self._child.drain():
             if stream != STDERR or not line.strip():
                 continue
@@ -77,7 +79,6 @@ class CalibrationRunner:
                 self.status.stage = progress["stage"].strip()
                 self.status.fraction = int(progress["percent"]) / 100
                 changed = True
-        code = self._child.exit_code()
         if code is None:
             return changed
         self._child = None

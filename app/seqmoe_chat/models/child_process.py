@@ -44,7 +44,8 @@ class ChildProcess:
                 return taken
 
     def exit_code(self) -> int | None:
-        """The exit status once the child has ended and all its output has been read."""
+        """The exit status once the child has ended and all its output is in ``lines`` (drain
+        after asking, or the last lines may be left behind)."""
         code = self._process.poll()
         if code is None or any(reader.is_alive() for reader in self._readers):
             return None

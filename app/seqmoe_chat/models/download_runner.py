@@ -147,6 +147,8 @@ class DownloadRunner:
 
     def _follow(self, now: float) -> None:
         entry, child = self._active
+        # Asked before draining: once the exit status is known, every line is already queued.
+        code = child.exit_code()
         for stream, line in child.drain():
             if stream == STDOUT:
                 self._on_event(entry, line, now)
@@ -161,7 +163,6 @@ class DownloadRunner:
             self._active = None
             self._fail(entry, STALLED, f"no data arrived for {self.policy.stall_s:.0f} s", now)
             return
-        code = child.exit_code()
         if code is None:
             return
         self._active = None
