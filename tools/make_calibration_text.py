@@ -4,8 +4,10 @@ Each conversation becomes one paragraph of alternating user/assistant lines, cut
 user turn (the format `seqmoe trace --chat` reads), so tracing covers both the prefill of
 the history and the greedy continuation of the assistant's reply. Calibration text comes
 from the test split, held-out text from the validation split: no conversation is in both.
+``--predictor-text FILE`` also writes every test-split conversation (cut elsewhere), the
+text the bundled demo predictor was trained on (not shipped: 250 KB, made from the corpus).
 
-    python tools/make_calibration_text.py [--data ../shared/data/corpus]
+    python tools/make_calibration_text.py [--data ../shared/data/corpus] [--predictor-text FILE]
 """
 
 from __future__ import annotations
@@ -43,12 +45,16 @@ def paragraphs(convs: list[list[str]], count: int, seed: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "corpus")
+    parser.add_argument("--predictor-text", type=Path, help="also write every test-split conversation here")
     args = parser.parse_args()
     source = args.data / "synthetic-persona-chat"
     out = ROOT / "resources" / "calibration"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "chat.txt").write_text(paragraphs(conversations(source / "Synthetic-Persona-Chat_test.csv"), 300, 1))
+    test = conversations(source / "Synthetic-Persona-Chat_test.csv")
+    (out / "chat.txt").write_text(paragraphs(test, 300, 1))
     (out / "heldout-chat.txt").write_text(paragraphs(conversations(source / "Synthetic-Persona-Chat_valid.csv"), 120, 2))
+    if args.predictor_text:
+        args.predictor_text.write_text(paragraphs(test, len(test), 3))
 
 
 if __name__ == "__main__":
