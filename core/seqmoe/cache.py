@@ -199,8 +199,15 @@ class ExpertCache:
             self.pool.assign(slot, key, None)
 
     def plan(self, forecasts: Sequence[Forecast]) -> None:
-        """Replace the queued prefetches by the JSD schedule of ``forecasts``."""
+        """Replace the queued prefetches by the JSD schedule of ``forecasts`` (a speculative
+        policy's forecasts are all queued, in their order)."""
         self._cancel_queued()
+        if self.policy.speculative:
+            candidates = self._evictable()
+            for forecast in forecasts:
+                if forecast.key not in self.pool.slot_of and not self._prefetch(forecast.key, candidates, admit_all=True):
+                    break
+            return
         best: dict[ExpertKey, Forecast] = {}
         worth = self.worth_prefetching()
         for forecast in forecasts:

@@ -9,7 +9,8 @@ Policies:
 - ``full``: every expert resident (the reference speed).
 - ``lru``: reactive; load on a miss, evict the least recently used.
 - ``gate``: ``lru`` plus speculative prefetch of the next layer's top-k, found by applying
-  that layer's router to the current hidden state (mixtral-offloading's method).
+  that layer's router to the current hidden state, every guess loaded (mixtral-offloading's
+  method, without SeqMoE's admission rule and schedule).
 - ``seqmoe``: the trained predictor's forecast of the next ``H`` layers, scheduled with
   JSD, and modified-Belady eviction on the predicted distances.
 - ``oracle``: the true future of the same greedy run, the same scheduler and Belady:
@@ -76,6 +77,9 @@ class Policy:
     name = "base"
     streams_prefill = False
     """Whether to load layer l+1's experts while layer l computes during prefill."""
+    speculative = False
+    """Whether every forecast is loaded as it comes (the peers' speculative loading), instead
+    of passing the cache's admission rule and deadline schedule."""
 
     def __init__(self, num_experts: int) -> None:
         self.num_experts = num_experts
@@ -126,6 +130,7 @@ class GatePolicy(Policy):
 
     name = "gate"
     streams_prefill = True
+    speculative = True
 
     def __init__(self, routers: list[Callable[[torch.Tensor], torch.Tensor]], num_experts: int, top_k: int) -> None:
         super().__init__(num_experts)

@@ -10,7 +10,7 @@ import torch
 
 from seqmoe.cache import ExpertCache
 from seqmoe.events import EventBus
-from seqmoe.policies import BeladyPolicy, Forecast, OraclePolicy, SeqMoEPolicy
+from seqmoe.policies import BeladyPolicy, Forecast, GatePolicy, OraclePolicy, Policy, SeqMoEPolicy
 from seqmoe.simulate import SimulatedCopier, VirtualClock
 from seqmoe.store import HostStore
 from seqmoe.transfer import EmulatedCopier
@@ -82,7 +82,7 @@ def test_oracle_evicts_the_expert_used_last() -> None:
     assert [f.key for f in oracle.forecast(0, torch.zeros(1), torch.zeros(1))] == [(1, 1), (2, 2)]
 
 
-def make_cache(size: int, policy: BeladyPolicy, gbps: float = 50.0) -> ExpertCache:
+def make_cache(size: int, policy: Policy, gbps: float = 50.0) -> ExpertCache:
     host = HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pin=False)
     copier = EmulatedCopier(gbytes_per_s=gbps, latency_s=0.0)
     return ExpertCache(host, size=size, device=torch.device("cpu"), copier=copier, policy=policy, events=EventBus())
@@ -113,6 +113,15 @@ def test_the_busier_the_link_the_likelier_a_prefetch_must_be() -> None:
     cache.release(cache.acquire(0, [0], prefill=False))
     cache.plan([Forecast((1, 2), 0.95, 1), Forecast((1, 3), 0.85, 1)])
     assert (1, 2) in cache.pool.slot_of and (1, 3) not in cache.pool.slot_of
+    cache.copier.close()
+
+
+def test_gate_loads_every_guess_as_mixtral_offloading_does() -> None:
+    cache = make_cache(3, GatePolicy([], EXPERTS, top_k=2))
+    cache.link_load = 9.0  # seqmoe's admission would refuse anything below 0.9 here
+    cache.release(cache.acquire(0, [0], prefill=False))
+    cache.plan([Forecast((1, 2), 0.3, 1), Forecast((1, 3), 0.2, 1)])
+    assert (1, 2) in cache.pool.slot_of and (1, 3) in cache.pool.slot_of and cache.prefetches.issued == 2
     cache.copier.close()
 
 
