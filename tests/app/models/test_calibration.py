@@ -23,7 +23,8 @@ CHAT = "\n\n".join(
 def quick(tmp_path: Path) -> CalibrationRunner:
     text = tmp_path / "chat.txt"
     text.write_text(CHAT)
-    return CalibrationRunner(extra_args=["--text", str(text), "--epochs", "2", "--device", "cpu"])
+    # Enough epochs that training outlasts several polls (it takes milliseconds per epoch here).
+    return CalibrationRunner(extra_args=["--text", str(text), "--epochs", "25", "--device", "cpu"])
 
 
 def poll_until(runner: CalibrationRunner, done, timeout: float = 240.0) -> list[str]:
