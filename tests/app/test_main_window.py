@@ -132,11 +132,11 @@ def test_window_geometry_and_splitter_are_restored(qtbot, make_window) -> None:
     window.resize(760, 540)  # inside the offscreen screen (800x600)
     window.splitter.setSizes([300, 460])
     # The platform confirms a window's new geometry through the event loop.
-    qtbot.waitUntil(lambda: (window.width(), window.height()) == (760, 540), timeout=2000)
+    qtbot.waitUntil(lambda: (window.width(), window.height()) == (760, 540), timeout=10_000)
     sizes = window.splitter.sizes()
     window.close()
     again = make_window()
-    qtbot.waitUntil(lambda: (again.width(), again.height()) == (760, 540), timeout=2000)
+    qtbot.waitUntil(lambda: (again.width(), again.height()) == (760, 540), timeout=10_000)
     assert again.splitter.sizes() == sizes
 
 

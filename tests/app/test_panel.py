@@ -154,7 +154,7 @@ def test_the_cache_map_paints_the_states_of_the_stream(qtbot, window, backend) -
     centres = [cache_map.cell_rect(layer, expert).center().toPoint() for layer in range(2) for expert in range(12)]
     assert _colour_counts(image, centres) == expected
     qtbot.mouseMove(cache_map, cache_map.cell_rect(0, 1).center().toPoint())
-    qtbot.waitUntil(lambda: cache_map.toolTip().startswith("layer 0, expert 1: in use"), timeout=2000)
+    qtbot.waitUntil(lambda: cache_map.toolTip().startswith("layer 0, expert 1: in use"), timeout=10_000)
     assert "last used at token 0" in cache_map.toolTip()
 
 
