@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from .engine import Engine, Sampling
 from .events import EventBuffer, LayerRouted
 from .policies import ORACLES
+from .simulate import HARDWARE, SHAPES, Hardware, ModelShape
 from .stats import GenerationStats
 
 BUILT_IN_PROMPTS = [
@@ -33,48 +34,33 @@ BUILT_IN_PROMPTS = [
 
 @dataclass(frozen=True)
 class Setup:
-    """A GPU, its host link and a model shape; decode assumed memory-bandwidth bound."""
+    """A consumer GPU and its host link (the simulator's profiles) with a model shape."""
 
-    description: str
-    expert_bytes: int
-    layer_bytes: int
-    """Weights one decode step of one MoE layer reads: top-k experts plus attention."""
-    link_bytes_per_s: float
-    memory_bytes_per_s: float
-    efficiency: float = 1.0
-    """Share of the memory bandwidth a decode layer reaches (1: the roofline)."""
+    hardware: Hardware
+    shape: ModelShape
+    source: str = ""
+    """Where a figure of the setup comes from, when it is not a data-sheet value."""
+
+    @property
+    def description(self) -> str:
+        memory = f"{self.hardware.memory_bytes_per_s / 1e9:.0f} GB/s memory"
+        return f"{self.shape.description} on {self.hardware.description}, {memory}" + (f" ({self.source})" if self.source else "")
 
     @property
     def transfer_to_compute(self) -> float:
-        compute = self.layer_bytes / (self.memory_bytes_per_s * self.efficiency)
-        return (self.expert_bytes / self.link_bytes_per_s) / compute
+        """One expert's copy time over one MoE layer's decode time (decode bound by memory bandwidth)."""
+        copy = self.shape.expert_bytes / self.hardware.link_bytes_per_s
+        return copy / (self.shape.layer_bytes / self.hardware.memory_bytes_per_s)
 
 
-_OLMOE_EXPERT = 3 * 2048 * 1024 * 2
 SETUPS = {
-    "rtx4090-pcie4-olmoe": Setup(
-        "OLMoE-1B-7B (bf16) on an RTX 4090 (1008 GB/s) over PCIe 4.0 x16 (24 GB/s)",
-        expert_bytes=_OLMOE_EXPERT,
-        layer_bytes=8 * _OLMOE_EXPERT + 4 * 2048 * 2048 * 2,
-        link_bytes_per_s=24e9,
-        memory_bytes_per_s=1008e9,
-    ),
+    "rtx4090-pcie4-olmoe": Setup(HARDWARE["rtx4090-pcie4"], SHAPES["olmoe"]),
     "rtx4090-pcie4-olmoe-engine": Setup(
-        "OLMoE-1B-7B (bf16) on an RTX 4090 over PCIe 4.0 x16 (24 GB/s), decode at 39% of its 1008 GB/s "
-        "(llama.cpp's published 196 tok/s for Qwen3-30B-A3B Q4_K_M on this card)",
-        expert_bytes=_OLMOE_EXPERT,
-        layer_bytes=8 * _OLMOE_EXPERT + 4 * 2048 * 2048 * 2,
-        link_bytes_per_s=24e9,
-        memory_bytes_per_s=1008e9,
-        efficiency=0.39,
+        HARDWARE["rtx4090-pcie4"].at_efficiency(0.39),
+        SHAPES["olmoe"],
+        "llama.cpp's published 196 tok/s for Qwen3-30B-A3B Q4_K_M on this card",
     ),
-    "rtx4060laptop-pcie4x8-olmoe": Setup(
-        "OLMoE-1B-7B (bf16) on an RTX 4060 Laptop (256 GB/s) over PCIe 4.0 x8 (12 GB/s)",
-        expert_bytes=_OLMOE_EXPERT,
-        layer_bytes=8 * _OLMOE_EXPERT + 4 * 2048 * 2048 * 2,
-        link_bytes_per_s=12e9,
-        memory_bytes_per_s=256e9,
-    ),
+    "rtx4060laptop-pcie4x8-olmoe": Setup(HARDWARE["rtx4060laptop-pcie4x8"], SHAPES["olmoe"]),
 }
 DEFAULT_SETUP = "rtx4090-pcie4-olmoe"
 

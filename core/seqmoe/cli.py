@@ -11,7 +11,7 @@ from pathlib import Path
 from .bench import DEFAULT_SETUP, SETUPS
 from .errors import SeqMoEError
 from .policies import POLICY_NAMES
-from .simulate import HARDWARE, SHAPES
+from .simulate import HARDWARE, SHAPES, SIMULATED_POLICIES
 from .resources import demo_model_dir
 
 
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--profile", default="rtx4090-pcie4", help="hardware profile: " + ", ".join(HARDWARE))
     simulate.add_argument("--shape", default="olmoe", help="model shape for byte sizes: " + ", ".join(SHAPES))
     simulate.add_argument("--policies", default="lru,seqmoe,oracle",
-                          help="comma-separated, of: lru, seqmoe, oracle, oracle-next (the oracle seeing one token ahead)")
+                          help="comma-separated, of: " + ", ".join(SIMULATED_POLICIES) + " (oracle-next: the oracle seeing one token ahead)")
     simulate.add_argument("--compute-efficiency", type=float, default=1.0,
                           help="share of the GPU's memory bandwidth a decode layer reaches (default 1: the roofline)")
     simulate.add_argument("--cache-ratios", default="0.2,0.3,0.45,0.6,0.8")
@@ -174,9 +174,10 @@ def run_bench_command(args: argparse.Namespace) -> int:
         copy_layers = setup.transfer_to_compute
         link_note = (f"emulated link set before every run so that one expert copy = {copy_layers:.2f} x one MoE layer's "
                      f"decode compute of full, measured just before each prompt's run, as for {setup.description}")
-        engine.configure("full")
-        engine.generate(prompts[0], Sampling(max_new_tokens=4))
-        set_link(engine, full_speed(engine, prompts, Sampling(max_new_tokens=args.max_new_tokens)), copy_layers)
+        if args.event_overhead:  # measured before the bench, which sets the link for each of its own runs
+            engine.configure("full")
+            engine.generate(prompts[0], Sampling(max_new_tokens=4))
+            set_link(engine, full_speed(engine, prompts, Sampling(max_new_tokens=args.max_new_tokens)), copy_layers)
     else:
         link_note = f"{engine.link} link" + (f" {engine.link_gbps} GB/s" if engine.link == "emulated" else "")
     overhead = event_stream_overhead(engine, prompts, ratios[0], args.max_new_tokens) if args.event_overhead else None
