@@ -206,7 +206,8 @@ class Engine:
                 prior = torch.full((layers, experts), top_k / experts)
                 return SeqMoEPolicy(self._gate_forecaster(), layers, prior)
             prior = (torch.tensor(predictor.config.frequency) * top_k).clamp(max=1.0)
-            return SeqMoEPolicy(predictor.predict, layers, prior, horizon=self.horizon)
+            reuse = predictor.reuse.waits if predictor.reuse is not None else None
+            return SeqMoEPolicy(predictor.predict, layers, prior, horizon=self.horizon, reuse=reuse)
         if name in ORACLES:
             if future is None:
                 raise SeqMoEError(f"the {name} policy needs the recorded future of the same run (seqmoe bench records it)")

@@ -25,12 +25,14 @@ Policies:
 
 where ``p`` is the probability that the next run of layer ``j`` uses ``e`` (the forecast's,
 when layer ``j`` is within its horizon) and ``r`` is the expert's recent rate of use per
-token (an exponential average over the last ``1 / RATE_SMOOTHING`` tokens, starting from the
-prior ``k * f(j, e)`` of the expert frequencies ``f``). With probability ``p`` the next use is
-the layer's next run; otherwise it comes a geometric number of tokens later, ``1 / r`` on
+token (``usage.UsageHistory``: an exponential average over about 32 tokens, starting from
+the prior ``k * f(j, e)`` of the expert frequencies ``f``). With probability ``p`` the next use
+is the layer's next run; otherwise it comes a geometric number of tokens later, ``1 / r`` on
 average. Beyond the forecast ``p = r``, and ``D = d + L * (1 / r - 1)``. The forecast sees one
 token ahead; the rate keeps the experts a conversation keeps coming back to, which a
-one-token forecast would rank as unlikely. The expert with the largest ``D`` is evicted;
+one-token forecast would rank as unlikely. When the predictor has a reuse head
+(``predictor.reuse``), its expected wait ``w`` replaces ``1 / r`` for the token after its
+forecast: ``D = d + L * (1 - p) * w``. The expert with the largest ``D`` is evicted;
 candidates within ``NEAR`` layers of that largest distance count as equally far, and among
 them the lowest ``p`` goes first, then the least recently used.
 """
@@ -46,6 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from .transfer import ExpertKey
+from .usage import UsageHistory
 
 ORACLE_NEXT = "oracle-next"
 """The oracle that sees one token ahead: the limit of a forecaster whose horizon is one token."""
@@ -56,10 +59,6 @@ PREDICTOR_BUDGET = 0.05
 """The largest share of decode time the predictor may take (see ``SeqMoEPolicy``)."""
 NEAR = 0.5
 MIN_PROBABILITY = 1e-3
-RATE_SMOOTHING = 1 / 32
-"""Weight of the newest token in an expert's rate of use (see the module docstring). Chosen
-with the simulator on the calibration text's traces: memories of 16 to 50 tokens did equally
-well, 8 tokens 3% worse."""
 
 
 @dataclass(frozen=True)
@@ -159,18 +158,16 @@ class BeladyPolicy(Policy):
         super().__init__(prior.shape[1])
         self.num_layers = num_layers
         self.prior = prior.clamp(MIN_PROBABILITY, 1.0)
-        self.rate: list[list[float]] = self.prior.tolist()
-        """Each expert's recent rate of use per token (plain floats: read at every eviction)."""
+        self.usage = UsageHistory(self.prior)
         self.forecast_probability: dict[ExpertKey, float] = {}
         self.forecast_layers: set[int] = set()
+        self.waits: list[list[float]] | None = None
+        """The reuse forecast's expected waits in tokens (see the module docstring), when fresh."""
+        self._waits_at = 0
 
     def observe(self, layer: int, experts: Sequence[int]) -> None:
         super().observe(layer, experts)
-        row = self.rate[layer]
-        for expert in range(len(row)):
-            row[expert] *= 1.0 - RATE_SMOOTHING
-        for expert in experts:
-            row[expert] += RATE_SMOOTHING
+        self.usage.record(layer, experts)
 
     def probability(self, key: ExpertKey) -> float:
         """That the next run of the expert's layer uses it."""
@@ -179,7 +176,15 @@ class BeladyPolicy(Policy):
         return self.recent_rate(key)
 
     def recent_rate(self, key: ExpertKey) -> float:
-        return max(self.rate[key[0]][key[1]], MIN_PROBABILITY)
+        return max(self.usage.rate[key[0]][key[1]], MIN_PROBABILITY)
+
+    def wait(self, key: ExpertKey) -> float:
+        """Expected tokens after the next run of its layer until the expert is used, if not then."""
+        # The reuse forecast is made after a token's last layer and speaks for the next token;
+        # once more layers than that have run (a prefill began), the rate speaks again.
+        if self.waits is not None and self._clock - self._waits_at <= self.num_layers:
+            return self.waits[key[0]][key[1]]
+        return 1.0 / self.recent_rate(key)
 
     def stream_order(self, layer: int) -> Sequence[int]:
         return self.prior[layer].argsort(descending=True).tolist()
@@ -187,7 +192,7 @@ class BeladyPolicy(Policy):
     def distance(self, key: ExpertKey) -> float:
         layers = self.num_layers
         steps = (key[0] - self.layer) % layers or layers
-        return steps + layers * (1.0 - self.probability(key)) / self.recent_rate(key)
+        return steps + layers * (1.0 - self.probability(key)) * self.wait(key)
 
     def victim(self, candidates: Sequence[ExpertKey]) -> ExpertKey:
         distances = {key: self.distance(key) for key in candidates}
@@ -221,9 +226,12 @@ class SeqMoEPolicy(BeladyPolicy):
         stride: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
         horizon: int | None = None,
+        reuse: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         super().__init__(num_layers, prior)
         self.predict = predict
+        self.reuse = reuse
+        """The predictor's reuse head (``ReuseHead.waits``), run after each token's last layer."""
         self.horizon = horizon
         """Use at most this many of the forecast's layers (``None``: all)."""
         self.min_probability = min_probability
@@ -231,6 +239,7 @@ class SeqMoEPolicy(BeladyPolicy):
         self.clock = clock
         self.calls = 0
         self.predict_seconds = 0.0
+        self.reuse_seconds = 0.0
         self._call_seconds: float | None = None
         self._layer_seconds: float | None = None
         self._last_forecast_at: tuple[int, float] | None = None
@@ -260,7 +269,15 @@ class SeqMoEPolicy(BeladyPolicy):
             self._made_at, elapsed = self._clock, 0
         forecasts = [Forecast(f.key, f.probability, f.horizon - elapsed) for f in self._made if f.horizon > elapsed]
         self.remember(forecasts, set(self._targets[elapsed:]))
+        if self.reuse is not None and layer == self.num_layers - 1:
+            self._forecast_reuse(hidden)
         return forecasts
+
+    def _forecast_reuse(self, hidden: torch.Tensor) -> None:
+        start = self.clock()
+        self.waits = self.reuse(hidden.reshape(-1), *self.usage.features()).tolist()
+        self._waits_at = self._clock
+        self.reuse_seconds += self.clock() - start
 
     def _call(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> list[Forecast]:
         start = self.clock()

@@ -22,7 +22,7 @@ from .events import EventBus
 from .policies import ORACLE_NEXT, ORACLES, LRUPolicy, OraclePolicy, Policy, SeqMoEPolicy
 from .predictor.model import ExpertPredictor
 from .store import ExpertLayout
-from .trace import PREFILL_CHUNK, Traces
+from .trace import Traces, document_runs
 from .transfer import STALL_BACKLOG, CopyJob, ExpertKey, JobState, MeasuredStall
 
 
@@ -219,23 +219,21 @@ class Step:
 
 
 def replay_steps(traces: Traces, slots: int) -> list[Step]:
-    """Every cache access of the recorded run, in execution order: each document's prefill
-    chunks (as ``trace_document`` ran them), then its decode tokens."""
+    """Every cache access of the recorded run, in execution order: each document's runs (see
+    ``trace.document_runs``), a prefill layer split into groups when it needs more than ``slots``."""
     layers = traces.experts.shape[1]
     steps = []
-    for document in traces.document.unique().tolist():
-        in_document = traces.document == document
-        prefill = (in_document & (traces.decode == 0)).nonzero().squeeze(1).tolist()
-        for begin in range(0, len(prefill), PREFILL_CHUNK):
-            chunk = prefill[begin : begin + PREFILL_CHUNK]
+    for _, runs in document_runs(traces):
+        for run in runs:
+            if run.decode:
+                token = int(run.tokens[0])
+                steps.extend(Step(layer, tuple(sorted(traces.experts[token, layer].tolist())), token, False) for layer in range(layers))
+                continue
             for layer in range(layers):
-                needed = sorted(set(traces.experts[chunk, layer].reshape(-1).tolist()))
+                needed = sorted(set(traces.experts[run.tokens, layer].reshape(-1).tolist()))
                 for start in range(0, len(needed), slots):
                     last = start + slots >= len(needed) and layer + 1 < layers
                     steps.append(Step(layer, tuple(needed[start : start + slots]), None, last))
-        for token in (in_document & (traces.decode == 1)).nonzero().squeeze(1).tolist():
-            for layer in range(layers):
-                steps.append(Step(layer, tuple(sorted(traces.experts[token, layer].tolist())), token, False))
     return steps
 
 
@@ -310,5 +308,6 @@ def _policy(name: str, traces: Traces, steps: list[Step], predictor: ExpertPredi
             raise ValueError("the seqmoe policy needs a predictor")
         prior = (torch.tensor(predictor.config.frequency) * predictor.config.top_k).clamp(max=1.0)
         predict: Callable = predictor.predict
-        return SeqMoEPolicy(predict, layers, prior, stride=1)  # virtual time: the predictor costs nothing
+        reuse = predictor.reuse.waits if predictor.reuse is not None else None
+        return SeqMoEPolicy(predict, layers, prior, stride=1, reuse=reuse)  # virtual time: the predictor costs nothing
     raise ValueError(f"the simulator replays {', '.join(SIMULATED_POLICIES)}, not {name!r}")

@@ -203,6 +203,28 @@ class Traces:
         return self.document.shape[0]
 
 
+@dataclass(frozen=True)
+class Run:
+    """One run of every MoE layer, as the engine makes it: a prefill chunk or one decode token."""
+
+    tokens: torch.Tensor
+    """Indices into the trace."""
+    decode: bool
+
+
+def document_runs(traces: Traces) -> list[tuple[int, list[Run]]]:
+    """Each document of ``traces`` and its runs in execution order: its prefill in chunks of
+    ``PREFILL_CHUNK`` tokens (as ``trace_document`` ran them), then its decode tokens."""
+    documents = []
+    for document in traces.document.unique().tolist():
+        in_document = traces.document == document
+        prefill = (in_document & (traces.decode == 0)).nonzero().squeeze(1)
+        decode = (in_document & (traces.decode == 1)).nonzero().squeeze(1)
+        runs = [Run(chunk, False) for chunk in prefill.split(PREFILL_CHUNK)]
+        documents.append((document, runs + [Run(token, True) for token in decode.split(1)]))
+    return documents
+
+
 def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[str, torch.Tensor]]) -> dict[str, object]:
     """Write ``records`` as shards of about ``SHARD_TOKENS`` tokens and the manifest last."""
     out.mkdir(parents=True, exist_ok=True)

@@ -90,9 +90,13 @@ def calibrate(
     options = options or TrainingOptions()
 
     def epoch_done(epoch: int, train_loss: float, val_loss: float) -> None:
-        report(f"Training the predictor (epoch {epoch}, validation loss {val_loss:.4f})", 0.5 + 0.5 * epoch / options.epochs)
+        report(f"Training the predictor (epoch {epoch}, validation loss {val_loss:.4f})", 0.5 + 0.4 * epoch / options.epochs)
 
-    predictor = train_predictor(traces, options, on_epoch=epoch_done, progress=False)
+    def reuse_epoch_done(epoch: int, val_loss: float) -> None:
+        report(f"Learning when experts come back (epoch {epoch}, validation loss {val_loss:.4f})",
+               0.9 + 0.1 * epoch / options.reuse_epochs)
+
+    predictor = train_predictor(traces, options, on_epoch=epoch_done, progress=False, on_reuse_epoch=reuse_epoch_done)
     path = user_predictor_path(model_identity(loaded))
     save_predictor(predictor, path)
     report("Calibrated", 1.0)

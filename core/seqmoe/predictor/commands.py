@@ -103,11 +103,12 @@ def _cost(engine: Engine, path: Path) -> dict[str, object]:
     policy = engine.cache.policy
     prompt = engine.encode("Hi! What do you like to do on weekends?", chat=bool(loaded.tokenizer.chat_template))
     engine.generate(prompt, Sampling(max_new_tokens=8))
-    calls, seconds = policy.calls, policy.predict_seconds
+    calls, seconds, reuse_seconds = policy.calls, policy.predict_seconds, policy.reuse_seconds
     stats = engine.generate(prompt, Sampling(max_new_tokens=48)).stats
     decode_tokens = max(stats.tokens - 1, 1)
     decode_seconds = decode_tokens / max(stats.decode_tokens_per_s, 1e-9)
     calls, seconds = policy.calls - calls, policy.predict_seconds - seconds
+    reuse_seconds = policy.reuse_seconds - reuse_seconds
     predictor = engine.predictor()
     return {
         "parameters": sum(p.numel() for p in predictor.parameters()),
@@ -115,8 +116,9 @@ def _cost(engine: Engine, path: Path) -> dict[str, object]:
         "ms_per_forecast": 1000 * seconds / max(calls, 1),
         "forecasts_per_decode_step": calls / decode_tokens,
         "stride": policy.stride,
+        "reuse_ms_per_token": 1000 * reuse_seconds / decode_tokens,
         "decode_step_ms": 1000 * decode_seconds / decode_tokens,
-        "cost_fraction_of_decode_step": seconds / decode_seconds,
+        "cost_fraction_of_decode_step": (seconds + reuse_seconds) / decode_seconds,
         "device": str(loaded.device),
     }
 
@@ -131,7 +133,8 @@ def format_eval(result: dict[str, object]) -> str:
     cost = result["predictor"]
     lines.append(
         f"predictor: {cost['parameters']:,} parameters, {cost['ms_per_forecast']:.3f} ms per forecast x "
-        f"{cost['forecasts_per_decode_step']:.1f} per token (every {cost['stride']} MoE layers) = "
+        f"{cost['forecasts_per_decode_step']:.1f} per token (every {cost['stride']} MoE layers) "
+        f"+ {cost['reuse_ms_per_token']:.3f} ms of reuse forecast per token = "
         f"{cost['cost_fraction_of_decode_step']:.1%} of a {cost['decode_step_ms']:.1f} ms decode step on {cost['device']}"
     )
     return "\n".join(lines)

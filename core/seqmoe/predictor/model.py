@@ -10,6 +10,9 @@ context, and yields one logit per expert of that layer.
 The decoder is non-autoregressive (all horizons in one batched pass): a forecast runs at
 every MoE layer of every token, so it must cost a handful of small matrix products, not
 ``H`` sequential steps.
+
+A predictor may also carry a reuse head (``reuse.ReuseHead``), which forecasts how many
+tokens later each expert comes back, for eviction beyond the forecast's horizon.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import SeqMoEError
+from .reuse import ReuseHead
 
 
 @dataclass
@@ -39,6 +43,9 @@ class PredictorConfig:
     frequency: list[list[float]] = field(default_factory=list)
     """Per-layer share of routed tokens per expert in the training traces: the ``freq`` prior."""
     report: dict[str, object] = field(default_factory=dict)
+    reuse_horizons: list[int] = field(default_factory=list)
+    """The reuse head's horizons in tokens (see ``reuse``); empty: no head, eviction uses the rate."""
+    reuse_width: int = 64
 
 
 class ExpertPredictor(nn.Module):
@@ -57,6 +64,11 @@ class ExpertPredictor(nn.Module):
         self.target_bias = nn.Embedding(layers, experts)
         nn.init.zeros_(self.target_bias.weight)
         self.register_buffer("horizons", torch.arange(1, config.horizon + 1), persistent=False)
+        self.reuse = (
+            ReuseHead(config.hidden_size, layers, experts, config.reuse_horizons, config.reuse_width)
+            if config.reuse_horizons
+            else None
+        )
         self._tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, hidden: torch.Tensor, layer: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,9 @@ from torch.nn import functional as F
 from tqdm.auto import tqdm
 
 from ..trace import Traces
+from ..policies import MIN_PROBABILITY
 from .model import ExpertPredictor, PredictorConfig
+from .reuse import REUSE_HORIZONS, reuse_samples, train_reuse
 from .samples import Positions, positions_of, split_documents
 
 
@@ -26,10 +28,15 @@ class TrainingOptions:
     patience: int = 3
     width: int = 192
     seed: int = 0
+    reuse: bool = True
+    """Also train the reuse head (kept only if it beats the rate rule on the validation documents)."""
+    reuse_epochs: int = 40
 
 
 EpochCallback = Callable[[int, float, float], None]
 """Told (epoch, training loss, validation loss) after each epoch; it may raise to cancel."""
+ReuseEpochCallback = Callable[[int, float], None]
+"""Told (epoch, validation loss) after each epoch of the reuse head; it may raise to cancel."""
 
 
 def loss_on(predictor: ExpertPredictor, positions: Positions, batch: torch.Tensor) -> torch.Tensor:
@@ -56,6 +63,7 @@ def train_predictor(
     options: TrainingOptions,
     on_epoch: EpochCallback | None = None,
     progress: bool = True,
+    on_reuse_epoch: ReuseEpochCallback | None = None,
 ) -> ExpertPredictor:
     """A predictor trained on ``traces``; the epoch with the lowest validation loss is kept."""
     torch.manual_seed(options.seed)
@@ -72,10 +80,12 @@ def train_predictor(
         width=options.width,
         model=dict(manifest["model"]),
         frequency=positions.frequency(train).tolist(),
+        reuse_horizons=list(REUSE_HORIZONS) if options.reuse else [],
     )
     predictor = ExpertPredictor(config)
     steps_per_epoch = math.ceil(train.numel() / options.batch_size)
-    optimizer = torch.optim.AdamW(predictor.parameters(), lr=options.learning_rate, weight_decay=0.01)
+    forecaster = [p for name, p in predictor.named_parameters() if not name.startswith("reuse.")]
+    optimizer = torch.optim.AdamW(forecaster, lr=options.learning_rate, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=options.learning_rate, total_steps=options.epochs * steps_per_epoch, pct_start=0.1
     )
@@ -110,6 +120,7 @@ def train_predictor(
     bar.close()
     if best_state is not None:
         predictor.load_state_dict(best_state)
+    reuse_report = _train_reuse(predictor, traces, train_docs, held_docs, options.reuse_epochs, on_reuse_epoch)
     config.report = {
         "training_tokens": int(traces.tokens),
         "training_positions": int(train.numel()),
@@ -120,5 +131,34 @@ def train_predictor(
         "validation_loss": best_loss,
         "seconds": round(time.perf_counter() - started, 1),
         "parameters": sum(p.numel() for p in predictor.parameters()),
+        **reuse_report,
     }
     return predictor.eval()
+
+
+def _train_reuse(
+    predictor: ExpertPredictor,
+    traces: Traces,
+    train_docs: set[int],
+    held_docs: set[int],
+    epochs: int,
+    on_epoch: ReuseEpochCallback | None,
+) -> dict[str, object]:
+    """Train the predictor's reuse head; drop it when it does not beat the rate rule it starts
+    from on the validation documents (or when the traces hold no decode tokens to learn from)."""
+    if predictor.reuse is None:
+        return {}
+    config = predictor.config
+    prior = (torch.tensor(config.frequency) * config.top_k).clamp(MIN_PROBABILITY, 1.0)
+    try:
+        samples = reuse_samples(traces, prior, config.reuse_horizons)
+    except ValueError as error:
+        report: dict[str, object] = {"reuse": f"not trained: {error}"}
+    else:
+        report = train_reuse(predictor.reuse, samples, train_docs, held_docs, epochs, on_epoch=on_epoch)
+        if report["reuse_validation_loss"] < report["reuse_rate_rule_loss"]:
+            return report
+        report["reuse"] = "dropped: it did not beat the rate rule on the validation documents"
+    predictor.reuse = None
+    config.reuse_horizons = []
+    return report

@@ -1,0 +1,225 @@
+"""The reuse forecast: how soon each expert will be used again, beyond the next token.
+
+Belady's eviction needs, for every resident expert, the distance to its next use. The
+forecaster (``model``) sees one token ahead; beyond it, a rate of use alone treats every
+expert as equally likely to come back at each later token (a geometric wait of mean
+``1 / rate``). Measured with the simulator, eviction that knows the true next use up to 8
+tokens ahead makes a third fewer copies than that; the conversation decides which experts
+come back, and the hidden state carries the conversation.
+
+So at the last MoE layer of each decode token, this head reads that layer's input hidden
+state and every expert's usage history (``usage.UsageHistory``) and gives, for each expert
+and each ``N`` in ``horizons``, the probability that its layer uses it within the next ``N``
+runs. Its logits are a learned correction to the geometric ones, ``1 - (1 - rate) ** N``,
+with the output layer starting at zero, so an untrained head is the rate rule exactly. It is
+factorised per expert (a context vector from the hidden state, an embedding per expert, the
+expert's own history), so its size grows with the number of experts, not with its square.
+
+From the probabilities, ``waits`` gives the expected number of further runs until the next
+use, given the next run does not use it: the survival ``S(n)`` between the horizons is
+interpolated geometrically, continued past the last horizon at its mean rate from the first
+horizon, and ``sum_{n>=1} S(n) / S(1)``; for the geometric case that is ``1 / rate``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..trace import Traces, document_runs
+from ..usage import AGE_CAP, UsageHistory
+
+REUSE_HORIZONS = (1, 2, 4, 8, 16)
+"""Runs ahead at which the head forecasts use; the first must be 1 (see ``expected_wait``)."""
+HISTORY_FEATURES = 4
+MAX_WAIT = 1000.0
+"""Runs; a survival that stops falling is continued at the rate that gives this wait."""
+
+
+class ReuseHead(nn.Module):
+    def __init__(self, hidden_size: int, num_layers: int, num_experts: int, horizons: list[int], width: int = 64) -> None:
+        super().__init__()
+        if list(horizons[:1]) != [1] or len(horizons) < 2 or sorted(set(horizons)) != list(horizons):
+            raise ValueError("reuse horizons start at 1 and increase, at least two of them")
+        self.shape = (num_layers, num_experts)
+        self.register_buffer("horizons", torch.tensor(horizons, dtype=torch.float32), persistent=False)
+        self.input_norm = nn.LayerNorm(hidden_size)
+        self.context = nn.Linear(hidden_size, width)
+        self.expert_embedding = nn.Embedding(num_layers * num_experts, width)
+        nn.init.normal_(self.expert_embedding.weight, std=0.02)
+        self.history = nn.Linear(HISTORY_FEATURES, width)
+        self.hidden_layer = nn.Linear(width, width)
+        self.out = nn.Linear(width, len(horizons))
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor) -> torch.Tensor:
+        """Logits ``[N, L * E, K]`` from hidden states ``[N, hidden]`` and histories ``[N, L * E]``."""
+        rate = rate.clamp(1e-3, 1 - 1e-3)
+        history = torch.stack([4 * rate, rate.log() / 7, age / AGE_CAP, (age == 0).float()], dim=-1)
+        context = self.context(self.input_norm(hidden.float())).unsqueeze(1)
+        state = F.gelu(context + self.expert_embedding.weight + self.history(history))
+        state = state + F.gelu(self.hidden_layer(state))
+        # logit(1 - S) with S = (1 - rate) ** N, the geometric survival, computed from log S.
+        log_survival = self.horizons * torch.log1p(-rate.unsqueeze(-1))
+        return torch.log(-torch.expm1(log_survival)) - log_survival + self.out(state)
+
+    @torch.inference_mode()
+    def waits(self, hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor) -> torch.Tensor:
+        """``[L, E]`` expected further runs until each expert's next use, given the next run of its
+        layer does not use it; for one token, with histories ``[L, E]`` as ``UsageHistory`` gives."""
+        device = self.horizons.device
+        flat = (rate.reshape(1, -1).to(device), age.reshape(1, -1).to(device))
+        logits = self(hidden.reshape(1, -1).to(device), *flat)[0]
+        return expected_wait(-F.softplus(logits), self.horizons).reshape(self.shape).cpu()
+
+
+def expected_wait(log_survival: torch.Tensor, horizons: torch.Tensor) -> torch.Tensor:
+    """``sum_{n>=1} S(n) / S(1)`` from ``log S`` at ``horizons`` (last dimension, the first horizon 1)."""
+    log_survival = log_survival.cummin(dim=-1).values
+    relative = torch.exp(log_survival - log_survival[..., :1])  # S(N) / S(1)
+    widths = horizons[1:] - horizons[:-1]
+    ratio = torch.exp((log_survival[..., 1:] - log_survival[..., :-1]) / widths)  # per run, within each interval
+    total = 1 + (relative[..., :-1] * _geometric_sum(ratio, widths)).sum(dim=-1)
+    # Past the last horizon, at the mean per-run survival from the first horizon to the last: the
+    # last interval alone is noisy, and a flat one would read as an expert never used again.
+    mean = torch.exp(log_survival[..., -1] - log_survival[..., 0]) ** (1 / (horizons[-1] - horizons[0]))
+    mean = mean.clamp(max=1 - 1 / MAX_WAIT)
+    return total + relative[..., -1] * mean / (1 - mean)
+
+
+def _geometric_sum(ratio: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``sum_{m=1}^{count} ratio ** m``, also where ``ratio`` is 1."""
+    flat = (ratio - 1).abs() < 1e-6
+    safe = torch.where(flat, torch.zeros_like(ratio), ratio)
+    return torch.where(flat, count.expand_as(ratio), safe * (1 - safe**count) / (1 - safe))
+
+
+@dataclass
+class ReuseSamples:
+    """One sample per decode token of a trace: the state after it, and which experts come back."""
+
+    hidden: torch.Tensor
+    """``[S, hidden]`` the last MoE layer's input for the token."""
+    rate: torch.Tensor
+    """``[S, L * E]``"""
+    age: torch.Tensor
+    """``[S, L * E]``"""
+    used_within: torch.Tensor
+    """``[S, L * E, K]`` 1 where the expert is used within the next ``N_k`` runs."""
+    valid: torch.Tensor
+    """``[S, K]`` whether the document lasts ``N_k`` more runs."""
+    document: torch.Tensor
+    """``[S]``"""
+
+
+def reuse_samples(traces: Traces, prior: torch.Tensor, horizons: list[int]) -> ReuseSamples:
+    """Replay each document's runs (prefill chunks, then decode tokens) through a ``UsageHistory``
+    as the engine's policy would, and label every decode token with the experts' next uses."""
+    layers, experts = prior.shape
+    offsets = (torch.arange(layers) * experts).view(1, layers, 1)
+    parts: dict[str, list[torch.Tensor]] = {key: [] for key in ("hidden", "rate", "age", "used_within", "valid", "document")}
+    for document, runs in document_runs(traces):
+        used = torch.zeros(len(runs), layers * experts)
+        history = UsageHistory(prior)
+        rates, ages, decode = [], [], []
+        for index, run in enumerate(runs):
+            chosen = traces.experts[run.tokens].long() + offsets
+            used[index, chosen.reshape(-1)] = 1.0
+            for layer in range(layers):
+                history.record(layer, sorted(set(traces.experts[run.tokens, layer].reshape(-1).tolist())))
+            if run.decode:
+                rate, age = history.features()
+                rates.append(rate.reshape(-1))
+                ages.append(age.reshape(-1))
+                decode.append(index)
+        if not decode:
+            continue
+        at = torch.tensor(decode)
+        before = torch.cat([torch.zeros(1, used.shape[1]), used.cumsum(dim=0)])  # uses in runs < i
+        labels, valid = [], []
+        for horizon in horizons:
+            end = (at + 1 + horizon).clamp(max=len(runs))
+            labels.append(before[end] - before[at + 1] > 0)
+            valid.append(at + horizon < len(runs))
+        last_tokens = torch.tensor([int(runs[i].tokens[-1]) for i in decode])
+        parts["hidden"].append(traces.hidden[last_tokens, layers - 1])
+        parts["rate"].append(torch.stack(rates))
+        parts["age"].append(torch.stack(ages))
+        parts["used_within"].append(torch.stack(labels, dim=-1).float())
+        parts["valid"].append(torch.stack(valid, dim=-1))
+        parts["document"].append(torch.full((len(decode),), document))
+    if not parts["hidden"]:
+        raise ValueError("the traces hold no decode tokens to learn reuse from")
+    return ReuseSamples(**{key: torch.cat(value) for key, value in parts.items()})
+
+
+def reuse_loss(head: ReuseHead, samples: ReuseSamples, batch: torch.Tensor) -> torch.Tensor:
+    logits = head(samples.hidden[batch], samples.rate[batch], samples.age[batch])
+    weight = samples.valid[batch].unsqueeze(1).expand_as(logits).float()
+    loss = F.binary_cross_entropy_with_logits(logits, samples.used_within[batch], weight=weight, reduction="sum")
+    return loss / weight.sum().clamp(min=1)
+
+
+@torch.no_grad()
+def _mean_loss(head: ReuseHead, samples: ReuseSamples, held: torch.Tensor, batch_size: int = 256) -> float:
+    head.eval()
+    total = sum(
+        reuse_loss(head, samples, batch).item() * batch.numel() for batch in held.split(batch_size)
+    )
+    return total / held.numel() if held.numel() else float("nan")
+
+
+def train_reuse(
+    head: ReuseHead,
+    samples: ReuseSamples,
+    train_documents: set[int],
+    held_documents: set[int],
+    epochs: int = 40,
+    batch_size: int = 64,
+    learning_rate: float = 3e-3,
+    patience: int = 3,
+    on_epoch: Callable[[int, float], None] | None = None,
+) -> dict[str, float | int]:
+    """Train ``head`` in place, keeping the epoch with the lowest validation loss; the report
+    gives that loss and the untrained (rate rule's) loss on the same samples. ``on_epoch`` is
+    told (epoch, validation loss) and may raise to cancel."""
+
+    def indices(documents: set[int]) -> torch.Tensor:
+        return torch.isin(samples.document, torch.tensor(sorted(documents))).nonzero().squeeze(1)
+
+    train, held = indices(train_documents), indices(held_documents)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=learning_rate, weight_decay=0.01)
+    rate_rule_loss = best_loss = _mean_loss(head, samples, held)
+    best_state, best_epoch, stale = copy.deepcopy(head.state_dict()), 0, 0
+    for epoch in range(1, epochs + 1):
+        head.train()
+        order = train[torch.randperm(train.numel())]
+        for start in range(0, order.numel(), batch_size):
+            loss = reuse_loss(head, samples, order[start : start + batch_size])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        loss = _mean_loss(head, samples, held)
+        if on_epoch is not None:
+            on_epoch(epoch, loss)
+        if loss < best_loss:
+            best_loss, best_state, best_epoch, stale = loss, copy.deepcopy(head.state_dict()), epoch, 0
+        else:
+            stale += 1
+            if stale >= patience:
+                break
+    head.load_state_dict(best_state)
+    head.eval()
+    return {
+        "reuse_training_samples": int(train.numel()),
+        "reuse_validation_samples": int(held.numel()),
+        "reuse_best_epoch": best_epoch,
+        "reuse_validation_loss": best_loss,
+        "reuse_rate_rule_loss": rate_rule_loss,
+    }
