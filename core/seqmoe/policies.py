@@ -15,8 +15,8 @@ Policies:
   JSD, and modified-Belady eviction on the predicted distances.
 - ``oracle``: the true future of the same greedy run, the same scheduler and Belady:
   the limit for a given cache size and link.
-- ``oracle-next``: the oracle that sees only the next token: the limit of any forecaster,
-  however accurate, whose horizon is one token.
+- ``oracle-next``: the oracle that sees only the next token, least recently used beyond it:
+  a perfect one-token forecast without any knowledge of later tokens.
 
 **Modified Belady.** The expected distance to the next use of a resident expert
 ``(j, e)``, in MoE layers from the layer now running ``l``, is
@@ -51,7 +51,7 @@ from .transfer import ExpertKey
 from .usage import UsageHistory
 
 ORACLE_NEXT = "oracle-next"
-"""The oracle that sees one token ahead: the limit of a forecaster whose horizon is one token."""
+"""The oracle that sees one token ahead and nothing beyond (see ``OraclePolicy``)."""
 ORACLES = ("oracle", ORACLE_NEXT)
 """Policies that need the recorded future of the same run."""
 POLICY_NAMES = ("full", "lru", "gate", "seqmoe", *ORACLES)
@@ -303,9 +303,9 @@ class OraclePolicy(BeladyPolicy):
     """Knows the future: the experts of every later acquire of the same greedy run.
 
     With ``lookahead`` it knows only the next ``lookahead`` acquires (``num_layers`` of them:
-    the rest of this token and the next one): the limit of any forecaster that sees that
-    far, since its eviction ranks the experts needed beyond it as unknown, least recently
-    used first.
+    the rest of this token and the next one): a perfect forecast of that far with no
+    knowledge beyond it, since its eviction ranks the experts needed beyond it as unknown,
+    least recently used first. (``seqmoe``'s reuse forecast looks further, so it may pass it.)
     """
 
     name = "oracle"
