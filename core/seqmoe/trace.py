@@ -220,8 +220,9 @@ def document_runs(traces: Traces) -> list[tuple[int, list[Run]]]:
         in_document = traces.document == document
         prefill = (in_document & (traces.decode == 0)).nonzero().squeeze(1)
         decode = (in_document & (traces.decode == 1)).nonzero().squeeze(1)
-        runs = [Run(chunk, False) for chunk in prefill.split(PREFILL_CHUNK)]
-        documents.append((document, runs + [Run(token, True) for token in decode.split(1)]))
+        # (``split`` of an empty tensor gives one empty piece, not none.)
+        runs = [Run(chunk, False) for chunk in prefill.split(PREFILL_CHUNK) if chunk.numel()]
+        documents.append((document, runs + [Run(token, True) for token in decode.split(1) if token.numel()]))
     return documents
 
 

@@ -7,8 +7,9 @@ import torch
 
 from seqmoe.policies import SeqMoEPolicy
 from seqmoe.predictor.model import ExpertPredictor, PredictorConfig, load_predictor, save_predictor
-from seqmoe.predictor.reuse import ReuseHead, expected_wait, reuse_samples, train_reuse
+from seqmoe.predictor.reuse import REUSE_HORIZONS, ReuseHead, expected_wait, reuse_samples, train_reuse
 from seqmoe.predictor.samples import split_documents
+from seqmoe.predictor.training import TrainingOptions, train_predictor
 from seqmoe.trace import Traces
 from seqmoe.usage import AGE_CAP, RATE_SMOOTHING, UsageHistory
 
@@ -19,7 +20,8 @@ def traces_of(experts: torch.Tensor, decode: torch.Tensor, document: torch.Tenso
     """``experts [T, L, k]``; ``hidden [T, L, H]``."""
     tokens, layers, _ = experts.shape
     num_experts = int(experts.max()) + 1
-    return Traces({}, hidden.half(), experts.to(torch.int16), torch.zeros(tokens, layers, num_experts), document, decode)
+    probs = torch.zeros(tokens, layers, num_experts)
+    return Traces({"model": {}}, hidden.half(), experts.to(torch.int16), probs, document, decode)
 
 
 def test_an_untrained_head_waits_as_the_rate_rule_does() -> None:
@@ -150,3 +152,17 @@ def test_a_predictor_without_a_reuse_head_loads_and_evicts_by_the_rate(tmp_path)
     loaded = load_predictor(path)
     rate = torch.full((2, 4), 0.25)
     assert torch.equal(loaded.reuse.waits(torch.ones(8), rate, rate), with_head.reuse.waits(torch.ones(8), rate, rate))
+
+
+def test_training_keeps_the_head_only_when_it_beats_the_rate_rule() -> None:
+    options = TrainingOptions(epochs=1, width=8, horizon=1, reuse_epochs=15)
+    traces = announced_topics()
+    kept = train_predictor(traces, options, progress=False)
+    assert kept.reuse is not None and kept.config.reuse_horizons == list(REUSE_HORIZONS)
+    report = kept.config.report
+    assert report["reuse_validation_loss"] < report["reuse_rate_rule_loss"]
+    # Traces of prefill only: nothing to learn reuse during decode from, so no head.
+    traces.decode = torch.zeros_like(traces.decode)
+    dropped = train_predictor(traces, options, progress=False)
+    assert dropped.reuse is None and dropped.config.reuse_horizons == []
+    assert dropped.config.report["reuse"].startswith("not trained")
