@@ -42,6 +42,8 @@ MAX_WAIT = 1000.0
 
 
 class ReuseHead(nn.Module):
+    """Per expert and horizon ``N``: the logit that the expert's layer uses it within ``N`` runs."""
+
     def __init__(self, hidden_size: int, num_layers: int, num_experts: int, horizons: list[int], width: int = 64) -> None:
         super().__init__()
         if list(horizons[:1]) != [1] or len(horizons) < 2 or sorted(set(horizons)) != list(horizons):
@@ -61,6 +63,7 @@ class ReuseHead(nn.Module):
     def forward(self, hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor) -> torch.Tensor:
         """Logits ``[N, L * E, K]`` from hidden states ``[N, hidden]`` and histories ``[N, L * E]``."""
         rate = rate.clamp(1e-3, 1 - 1e-3)
+        # Scaled to about the unit range of the other inputs; "just used" apart, as age 0 is a cliff.
         history = torch.stack([4 * rate, rate.log() / 7, age / AGE_CAP, (age == 0).float()], dim=-1)
         context = self.context(self.input_norm(hidden.float())).unsqueeze(1)
         state = F.gelu(context + self.expert_embedding.weight + self.history(history))
