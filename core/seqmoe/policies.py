@@ -241,6 +241,7 @@ class SeqMoEPolicy(BeladyPolicy):
         self.predict_seconds = 0.0
         self.reuse_seconds = 0.0
         self._call_seconds: float | None = None
+        self._reuse_call_seconds: float | None = None
         self._layer_seconds: float | None = None
         self._last_forecast_at: tuple[int, float] | None = None
         self._made: list[Forecast] = []
@@ -255,7 +256,9 @@ class SeqMoEPolicy(BeladyPolicy):
         if self._call_seconds is None or not self._layer_seconds:
             return 1
         horizon = max(len(self._targets), 1)
-        needed = math.ceil(self._call_seconds / (PREDICTOR_BUDGET * self._layer_seconds))
+        # The reuse forecast runs once a token whatever the stride; the forecast gets the rest.
+        budget = PREDICTOR_BUDGET * self._layer_seconds - (self._reuse_call_seconds or 0.0) / self.num_layers
+        needed = math.ceil(self._call_seconds / budget) if budget > 0 else horizon
         return max(1, min(needed, horizon))
 
     def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
@@ -277,7 +280,9 @@ class SeqMoEPolicy(BeladyPolicy):
         start = self.clock()
         self.waits = self.reuse(hidden.reshape(-1), *self.usage.features()).tolist()
         self._waits_at = self._clock
-        self.reuse_seconds += self.clock() - start
+        seconds = self.clock() - start
+        self.reuse_seconds += seconds
+        self._reuse_call_seconds = _smoothed(self._reuse_call_seconds, seconds)
 
     def _call(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> list[Forecast]:
         start = self.clock()

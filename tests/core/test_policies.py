@@ -207,6 +207,26 @@ def test_an_expensive_predictor_runs_every_few_layers_within_its_budget() -> Non
         assert max(f.horizon for f in forecasts) == (horizon if made else horizon - 1)
 
 
+def test_the_reuse_forecast_takes_its_share_of_the_budget_first() -> None:
+    clock = _Clock()
+
+    def predict(hidden: torch.Tensor, layer: int, routed: torch.Tensor) -> torch.Tensor:
+        clock.now += 0.5  # alone: stride ceil(0.5 / (0.05 * 10)) = 1
+        return torch.full((3, EXPERTS), 0.5)
+
+    def reuse(hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor) -> torch.Tensor:
+        clock.now += 1.0  # once a token: 0.25 per layer of the 0.5 a layer may spend
+        return torch.ones(LAYERS, EXPERTS)
+
+    policy = SeqMoEPolicy(predict, LAYERS, torch.full((LAYERS, EXPERTS), 0.3), clock=clock, reuse=reuse)
+    for step in range(24):
+        policy.observe(step % LAYERS, [0])
+        policy.forecast(step % LAYERS, torch.zeros(4), torch.tensor([0]))
+        clock.now += 10.0
+    assert policy.stride == 2  # ceil(0.5 / (0.5 - 0.25))
+    assert policy.reuse_seconds == pytest.approx(6.0)  # every token's last layer
+
+
 def test_a_cheap_predictor_runs_at_every_layer() -> None:
     policy = SeqMoEPolicy(lambda h, l, r: torch.full((2, EXPERTS), 0.5), LAYERS, torch.full((LAYERS, EXPERTS), 0.3))
     for step in range(12):

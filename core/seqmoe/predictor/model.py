@@ -28,6 +28,7 @@ from torch.nn import functional as F
 
 from ..errors import SeqMoEError
 from .reuse import ReuseHead
+from .threads import one_cpu_thread
 
 
 @dataclass
@@ -95,16 +96,8 @@ class ExpertPredictor(nn.Module):
         The same function as ``forward`` for one token, with everything that depends only on
         the layer looked up from tables: it runs at every MoE layer of every decode step.
         """
-        threads = torch.get_num_threads()
-        if hidden.device.type != "cpu" or threads == 1:
+        with one_cpu_thread(hidden.device):
             return self._predict(hidden, layer, routed)
-        # A forecast is a dozen tiny operations: waking the intra-op thread pool for each one
-        # costs more than the work (twice the time on two cores), so it runs on one thread.
-        torch.set_num_threads(1)
-        try:
-            return self._predict(hidden, layer, routed)
-        finally:
-            torch.set_num_threads(threads)
 
     def _predict(self, hidden: torch.Tensor, layer: int, routed: torch.Tensor) -> torch.Tensor:
         tables = self._tables

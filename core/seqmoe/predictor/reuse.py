@@ -33,6 +33,7 @@ from torch.nn import functional as F
 
 from ..trace import Traces, document_runs
 from ..usage import AGE_CAP, UsageHistory
+from .threads import one_cpu_thread
 
 REUSE_HORIZONS = (1, 2, 4, 8, 16)
 """Runs ahead at which the head forecasts use; the first must be 1 (see ``expected_wait``)."""
@@ -77,9 +78,10 @@ class ReuseHead(nn.Module):
         """``[L, E]`` expected further runs until each expert's next use, given the next run of its
         layer does not use it; for one token, with histories ``[L, E]`` as ``UsageHistory`` gives."""
         device = self.horizons.device
-        flat = (rate.reshape(1, -1).to(device), age.reshape(1, -1).to(device))
-        logits = self(hidden.reshape(1, -1).to(device), *flat)[0]
-        return expected_wait(-F.softplus(logits), self.horizons).reshape(self.shape).cpu()
+        with one_cpu_thread(device):
+            flat = (rate.reshape(1, -1).to(device), age.reshape(1, -1).to(device))
+            logits = self(hidden.reshape(1, -1).to(device), *flat)[0]
+            return expected_wait(-F.softplus(logits), self.horizons).reshape(self.shape).cpu()
 
 
 def expected_wait(log_survival: torch.Tensor, horizons: torch.Tensor) -> torch.Tensor:
