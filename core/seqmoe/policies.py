@@ -164,6 +164,8 @@ class BeladyPolicy(Policy):
         self.waits: list[list[float]] | None = None
         """The reuse forecast's expected waits in tokens (see the module docstring), when fresh."""
         self._waits_at = 0
+        self._waits_for = 1
+        """Tokens the last reuse forecast speaks for."""
 
     def observe(self, layer: int, experts: Sequence[int]) -> None:
         super().observe(layer, experts)
@@ -180,9 +182,10 @@ class BeladyPolicy(Policy):
 
     def wait(self, key: ExpertKey) -> float:
         """Expected tokens after the next run of its layer until the expert is used, if not then."""
-        # The reuse forecast is made after a token's last layer and speaks for the next token;
-        # once more layers than that have run (a prefill began), the rate speaks again.
-        if self.waits is not None and self._clock - self._waits_at <= self.num_layers:
+        # The reuse forecast is made after a token's last layer and speaks for the next tokens
+        # until the next one; once more layers than that have run (a prefill began), the rate
+        # speaks again.
+        if self.waits is not None and self._clock - self._waits_at <= self.num_layers * self._waits_for:
             return self.waits[key[0]][key[1]]
         return 1.0 / self.recent_rate(key)
 
@@ -212,7 +215,9 @@ class SeqMoEPolicy(BeladyPolicy):
     costs more than that share of a layer, it runs every ``stride``-th MoE layer only
     (``stride`` at most its horizon), and the layers in between re-plan with what is left of
     the last forecast. The stride is chosen from the measured cost of a call and the
-    measured time per layer, unless it is fixed.
+    measured time per layer, unless it is fixed. The reuse forecast, once a token, may take
+    half the budget: when it costs more, it runs every ``reuse_stride``-th token (measured:
+    every other token evicts as well as every token), and the forecast gets what it leaves.
     """
 
     name = "seqmoe"
@@ -242,6 +247,7 @@ class SeqMoEPolicy(BeladyPolicy):
         self.reuse_seconds = 0.0
         self._call_seconds: float | None = None
         self._reuse_call_seconds: float | None = None
+        self._tokens_since_reuse = 0
         self._layer_seconds: float | None = None
         self._last_forecast_at: tuple[int, float] | None = None
         self._made: list[Forecast] = []
@@ -256,10 +262,17 @@ class SeqMoEPolicy(BeladyPolicy):
         if self._call_seconds is None or not self._layer_seconds:
             return 1
         horizon = max(len(self._targets), 1)
-        # The reuse forecast runs once a token whatever the stride; the forecast gets the rest.
-        budget = PREDICTOR_BUDGET * self._layer_seconds - (self._reuse_call_seconds or 0.0) / self.num_layers
+        reuse = (self._reuse_call_seconds or 0.0) / (self.reuse_stride * self.num_layers)
+        budget = PREDICTOR_BUDGET * self._layer_seconds - reuse
         needed = math.ceil(self._call_seconds / budget) if budget > 0 else horizon
         return max(1, min(needed, horizon))
+
+    @property
+    def reuse_stride(self) -> int:
+        if self.fixed_stride is not None or self._reuse_call_seconds is None or not self._layer_seconds:
+            return 1
+        half = PREDICTOR_BUDGET * self._layer_seconds * self.num_layers / 2
+        return max(1, math.ceil(self._reuse_call_seconds / half))
 
     def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
         now = self.clock()
@@ -273,13 +286,15 @@ class SeqMoEPolicy(BeladyPolicy):
         forecasts = [Forecast(f.key, f.probability, f.horizon - elapsed) for f in self._made if f.horizon > elapsed]
         self.remember(forecasts, set(self._targets[elapsed:]))
         if self.reuse is not None and layer == self.num_layers - 1:
-            self._forecast_reuse(hidden)
+            self._tokens_since_reuse += 1
+            if self._tokens_since_reuse >= self.reuse_stride:
+                self._forecast_reuse(hidden)
         return forecasts
 
     def _forecast_reuse(self, hidden: torch.Tensor) -> None:
         start = self.clock()
         self.waits = self.reuse(hidden.reshape(-1), *self.usage.features()).tolist()
-        self._waits_at = self._clock
+        self._waits_at, self._waits_for, self._tokens_since_reuse = self._clock, self.reuse_stride, 0
         seconds = self.clock() - start
         self.reuse_seconds += seconds
         self._reuse_call_seconds = _smoothed(self._reuse_call_seconds, seconds)

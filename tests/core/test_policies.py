@@ -227,6 +227,27 @@ def test_the_reuse_forecast_takes_its_share_of_the_budget_first() -> None:
     assert policy.reuse_seconds == pytest.approx(6.0)  # every token's last layer
 
 
+def test_a_reuse_forecast_dearer_than_half_the_budget_runs_every_few_tokens() -> None:
+    clock = _Clock()
+    calls = []
+
+    def reuse(hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor) -> torch.Tensor:
+        clock.now += 3.0  # half the budget of a token is about 0.05 * 11 * 4 / 2 = 1.1
+        calls.append(policy._clock)
+        return torch.full((LAYERS, EXPERTS), 7.0)
+
+    policy = SeqMoEPolicy(lambda h, l, r: torch.full((3, EXPERTS), 0.5), LAYERS, torch.full((LAYERS, EXPERTS), 0.3),
+                          clock=clock, reuse=reuse)
+    for step in range(10 * LAYERS):
+        policy.observe(step % LAYERS, [0])
+        policy.forecast(step % LAYERS, torch.zeros(4), torch.tensor([0]))
+        clock.now += 10.0
+        if step == 9 * LAYERS - 2:  # two tokens after the last forecast, within its three
+            assert policy.wait((1, 1)) == 7.0
+    assert policy.reuse_stride == 3
+    assert [b - a for a, b in zip(calls, calls[1:])] == [3 * LAYERS] * (len(calls) - 1)
+
+
 def test_a_cheap_predictor_runs_at_every_layer() -> None:
     policy = SeqMoEPolicy(lambda h, l, r: torch.full((2, EXPERTS), 0.5), LAYERS, torch.full((LAYERS, EXPERTS), 0.3))
     for step in range(12):
