@@ -205,7 +205,7 @@ class Engine:
             if predictor is None:
                 prior = torch.full((layers, experts), top_k / experts)
                 return SeqMoEPolicy(self._gate_forecaster(), layers, prior)
-            prior = (torch.tensor(predictor.config.frequency) * top_k).clamp(max=1.0)
+            prior = predictor.config.prior()
             reuse = predictor.reuse.waits if predictor.reuse is not None else None
             return SeqMoEPolicy(predictor.predict, layers, prior, horizon=self.horizon, reuse=reuse)
         if name in ORACLES:

@@ -306,7 +306,7 @@ def _policy(name: str, traces: Traces, steps: list[Step], predictor: ExpertPredi
     if name == "seqmoe":
         if predictor is None:
             raise ValueError("the seqmoe policy needs a predictor")
-        prior = (torch.tensor(predictor.config.frequency) * predictor.config.top_k).clamp(max=1.0)
+        prior = predictor.config.prior()
         predict: Callable = predictor.predict
         reuse = predictor.reuse.waits if predictor.reuse is not None else None
         return SeqMoEPolicy(predict, layers, prior, stride=1, reuse=reuse)  # virtual time: the predictor costs nothing

@@ -17,6 +17,8 @@ RATE_SMOOTHING = 1 / 32
 calibration text's traces: memories of 16 to 50 tokens did equally well, 8 tokens 3% worse."""
 AGE_CAP = 64
 """Runs since the last use are counted up to this many (and start there: never used)."""
+MIN_RATE = 1e-3
+"""A rate never starts below this: an expert never seen in training is not certain never to come."""
 
 
 class UsageHistory:
@@ -27,7 +29,7 @@ class UsageHistory:
     """
 
     def __init__(self, prior: torch.Tensor) -> None:
-        self.rate: list[list[float]] = prior.tolist()
+        self.rate: list[list[float]] = prior.clamp(MIN_RATE, 1.0).tolist()
         self.age: list[list[float]] = [[float(AGE_CAP)] * len(row) for row in self.rate]
 
     def record(self, layer: int, experts: Sequence[int]) -> None:

@@ -7,7 +7,7 @@ import torch
 
 from seqmoe.policies import SeqMoEPolicy
 from seqmoe.predictor.model import ExpertPredictor, PredictorConfig, load_predictor, save_predictor
-from seqmoe.predictor.reuse import REUSE_HORIZONS, ReuseHead, expected_wait, reuse_samples, train_reuse
+from seqmoe.predictor.reuse import REUSE_HORIZONS, ReuseHead, evaluate_reuse, expected_wait, reuse_samples, train_reuse
 from seqmoe.predictor.samples import split_documents
 from seqmoe.predictor.training import TrainingOptions, train_predictor
 from seqmoe.trace import Traces
@@ -105,8 +105,13 @@ def test_the_head_learns_what_the_hidden_state_announces() -> None:
     samples = reuse_samples(traces, torch.full((1, 4), 0.5), HORIZONS)
     train, held = split_documents(traces.document)
     head = ReuseHead(4, 1, 4, HORIZONS, width=16)
+    untrained = evaluate_reuse(head, samples)
+    assert untrained["reuse_loss"] == pytest.approx(untrained["rate_rule_loss"])
     report = train_reuse(head, samples, train, held, epochs=15)
     assert report["reuse_validation_loss"] < 0.8 * report["reuse_rate_rule_loss"]
+    # On conversations it never saw, as eval-predictor reports it.
+    unseen = evaluate_reuse(head, reuse_samples(announced_topics(documents=10, seed=1), torch.full((1, 4), 0.5), HORIZONS))
+    assert unseen["reuse_loss"] < 0.8 * unseen["rate_rule_loss"]
     # Topic B announced: B's experts come back sooner than A's, though A was used last.
     announce_b = torch.tensor([1.0, 0.0, 0.0, 0.0])
     rate, age = torch.tensor([[0.4, 0.4, 0.1, 0.1]]), torch.tensor([[0.0, 1.0, 6.0, 5.0]])

@@ -25,6 +25,7 @@ from ..trace import (
 from .calibration import calibrate, collect_traces, find_predictor
 from .evaluation import evaluate, frequency_scorer, gate_scorer, predictor_scorer, previous_token_scorer
 from .model import load_predictor, parameter_limit, save_predictor
+from .reuse import evaluate_reuse, reuse_samples
 from .samples import positions_of
 from .training import TrainingOptions, train_predictor
 
@@ -87,6 +88,12 @@ def run_eval(engine: Engine, args: argparse.Namespace) -> int:
     for metrics in result["methods"].values():
         for key in metrics:
             metrics[key] = metrics[key][:horizon]
+    if predictor.reuse is not None:
+        try:
+            samples = reuse_samples(traces, predictor.config.prior(), predictor.config.reuse_horizons)
+            result["reuse"] = evaluate_reuse(predictor.reuse, samples)
+        except ValueError:  # no decode tokens in the text's traces
+            pass
     result["predictor"] = _cost(engine, path)
     if args.json:
         print(json.dumps(result))
@@ -130,6 +137,12 @@ def format_eval(result: dict[str, object]) -> str:
     for name, metrics in result["methods"].items():
         cells = "".join(f"{a:>9.1%} ({b:>4.0%})" for a, b in zip(metrics["recall@k"], metrics["recall@2k"]))
         lines.append(f"{name:<8}{cells}")
+    if "reuse" in result:
+        reuse = result["reuse"]
+        lines.append(
+            f"reuse forecast: loss {reuse['reuse_loss']:.4f} on {reuse['samples']} decode tokens "
+            f"(the rate rule it corrects: {reuse['rate_rule_loss']:.4f})"
+        )
     cost = result["predictor"]
     lines.append(
         f"predictor: {cost['parameters']:,} parameters, {cost['ms_per_forecast']:.3f} ms per forecast x "

@@ -48,6 +48,11 @@ class PredictorConfig:
     """The reuse head's horizons in tokens (see ``reuse``); empty: no head, eviction uses the rate."""
     reuse_width: int = 64
 
+    def prior(self) -> torch.Tensor:
+        """``[L, E]`` each expert's chance of use per token in the training traces, where eviction's
+        usage history starts."""
+        return (torch.tensor(self.frequency) * self.top_k).clamp(max=1.0)
+
 
 class ExpertPredictor(nn.Module):
     def __init__(self, config: PredictorConfig) -> None:

@@ -69,9 +69,7 @@ class ReuseHead(nn.Module):
         context = self.context(self.input_norm(hidden.float())).unsqueeze(1)
         state = F.gelu(context + self.expert_embedding.weight + self.history(history))
         state = state + F.gelu(self.hidden_layer(state))
-        # logit(1 - S) with S = (1 - rate) ** N, the geometric survival, computed from log S.
-        log_survival = self.horizons * torch.log1p(-rate.unsqueeze(-1))
-        return torch.log(-torch.expm1(log_survival)) - log_survival + self.out(state)
+        return rate_rule_logits(rate, self.horizons) + self.out(state)
 
     @torch.inference_mode()
     def waits(self, hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor) -> torch.Tensor:
@@ -82,6 +80,13 @@ class ReuseHead(nn.Module):
             flat = (rate.reshape(1, -1).to(device), age.reshape(1, -1).to(device))
             logits = self(hidden.reshape(1, -1).to(device), *flat)[0]
             return expected_wait(-F.softplus(logits), self.horizons).reshape(self.shape).cpu()
+
+
+def rate_rule_logits(rate: torch.Tensor, horizons: torch.Tensor) -> torch.Tensor:
+    """``[..., K]`` the rate rule's logits of use within each horizon: ``logit(1 - S)`` with
+    ``S = (1 - rate) ** N``, the geometric survival, computed from ``log S``."""
+    log_survival = horizons * torch.log1p(-rate.clamp(1e-3, 1 - 1e-3).unsqueeze(-1))
+    return torch.log(-torch.expm1(log_survival)) - log_survival
 
 
 def expected_wait(log_survival: torch.Tensor, horizons: torch.Tensor) -> torch.Tensor:
@@ -166,9 +171,29 @@ def reuse_samples(traces: Traces, prior: torch.Tensor, horizons: list[int]) -> R
 
 def reuse_loss(head: ReuseHead, samples: ReuseSamples, batch: torch.Tensor) -> torch.Tensor:
     logits = head(samples.hidden[batch], samples.rate[batch], samples.age[batch])
-    weight = samples.valid[batch].unsqueeze(1).expand_as(logits).float()
-    loss = F.binary_cross_entropy_with_logits(logits, samples.used_within[batch], weight=weight, reduction="sum")
+    return _masked_loss(logits, samples, batch)
+
+
+def _masked_loss(logits: torch.Tensor, samples: ReuseSamples, batch: torch.Tensor) -> torch.Tensor:
+    weight = samples.valid[batch].unsqueeze(1).expand_as(logits).float().to(logits.device)
+    targets = samples.used_within[batch].to(logits.device)
+    loss = F.binary_cross_entropy_with_logits(logits, targets, weight=weight, reduction="sum")
     return loss / weight.sum().clamp(min=1)
+
+
+@torch.no_grad()
+def evaluate_reuse(head: ReuseHead, samples: ReuseSamples, batch_size: int = 256) -> dict[str, float | int]:
+    """The head's loss on ``samples`` (say, of a held-out text) against the rate rule's."""
+    head.eval()
+    device = head.horizons.device
+    totals = {"reuse_loss": 0.0, "rate_rule_loss": 0.0}
+    for batch in torch.arange(samples.hidden.shape[0]).split(batch_size):
+        rate = samples.rate[batch].to(device)
+        logits = head(samples.hidden[batch].to(device), rate, samples.age[batch].to(device))
+        totals["reuse_loss"] += _masked_loss(logits, samples, batch).item() * batch.numel()
+        totals["rate_rule_loss"] += _masked_loss(rate_rule_logits(rate, head.horizons), samples, batch).item() * batch.numel()
+    count = samples.hidden.shape[0]
+    return {"samples": count, **{key: value / count for key, value in totals.items()}}
 
 
 @torch.no_grad()

@@ -13,7 +13,6 @@ from torch.nn import functional as F
 from tqdm.auto import tqdm
 
 from ..trace import Traces
-from ..policies import MIN_PROBABILITY
 from .model import ExpertPredictor, PredictorConfig
 from .reuse import REUSE_HORIZONS, reuse_samples, train_reuse
 from .samples import Positions, positions_of, split_documents
@@ -149,9 +148,8 @@ def _train_reuse(
     if predictor.reuse is None:
         return {}
     config = predictor.config
-    prior = (torch.tensor(config.frequency) * config.top_k).clamp(MIN_PROBABILITY, 1.0)
     try:
-        samples = reuse_samples(traces, prior, config.reuse_horizons)
+        samples = reuse_samples(traces, config.prior(), config.reuse_horizons)
     except ValueError as error:
         report: dict[str, object] = {"reuse": f"not trained: {error}"}
     else:
