@@ -31,8 +31,8 @@ is the layer's next run; otherwise it comes a geometric number of tokens later, 
 average. Beyond the forecast ``p = r``, and ``D = d + L * (1 / r - 1)``. The forecast sees one
 token ahead; the rate keeps the experts a conversation keeps coming back to, which a
 one-token forecast would rank as unlikely. When the predictor has a reuse head
-(``predictor.reuse``), its expected wait ``w`` replaces ``1 / r`` for the token after its
-forecast: ``D = d + L * (1 - p) * w``. The expert with the largest ``D`` is evicted;
+(``predictor.reuse``), its expected wait ``w`` replaces ``1 / r`` for the tokens its forecast
+speaks for (the next one, or a few when it runs every few tokens): ``D = d + L * (1 - p) * w``. The expert with the largest ``D`` is evicted;
 candidates within ``NEAR`` layers of that largest distance count as equally far, and among
 them the lowest ``p`` goes first, then the least recently used.
 """
