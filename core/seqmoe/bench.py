@@ -133,10 +133,16 @@ def layer_seconds(totals: Totals, num_layers: int) -> float:
 
 
 def set_link(engine: Engine, full: Totals, copy_layers: float) -> None:
-    """Set the emulated link so one expert copy takes ``copy_layers`` layers of ``full``'s decode."""
+    """Set the emulated link so one expert copy takes ``copy_layers`` layers of ``full``'s decode
+    (the inverse of ``emulated_copy_seconds``)."""
     copy_seconds = copy_layers * layer_seconds(full, engine.loaded.host.num_layers)
     expert_bytes = engine.loaded.host.layout.bytes_per_expert
     engine.link_gbps = expert_bytes / max(copy_seconds - engine.link_latency_s, 1e-9) / 1e9
+
+
+def emulated_copy_seconds(engine: Engine) -> float:
+    """One expert's copy on the engine's emulated link, as configured (``EmulatedCopier``'s model)."""
+    return engine.link_latency_s + engine.loaded.host.layout.bytes_per_expert / (engine.link_gbps * 1e9)
 
 
 def full_speed(engine: Engine, prompts: list[list[int]], sampling: Sampling) -> Totals:
@@ -181,13 +187,11 @@ def run_bench(
                 result = engine.generate(prompt, greedy)
                 totals.runs.append(result.stats)
                 same &= result.token_ids == reference[index].token_ids
-                after = full_speed(engine, [prompt], greedy)
-                full.runs.extend(before.runs + after.runs)
-                seconds = (before.decode_seconds + after.decode_seconds) / 2
-                full_seconds += seconds
-                if engine.link == "emulated" and before.decode_tokens:
-                    copy = engine.link_latency_s + engine.loaded.host.layout.bytes_per_expert / (engine.link_gbps * 1e9)
-                    ran.append(copy / (seconds / before.decode_tokens / layers))
+                bracket = Totals(before.runs + full_speed(engine, [prompt], greedy).runs)
+                full.runs.extend(bracket.runs)
+                full_seconds += bracket.decode_seconds / 2
+                if engine.link == "emulated" and bracket.decode_tokens:
+                    ran.append(emulated_copy_seconds(engine) / layer_seconds(bracket, layers))
             speed = totals.decode_tokens / full_seconds if full_seconds > 0 else 0.0
             ratio_to_full = totals.tokens_per_s / speed if speed > 0 else 0.0
             copy_ran = sum(ran) / len(ran) if ran else None

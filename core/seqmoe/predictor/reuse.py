@@ -170,8 +170,7 @@ def reuse_samples(traces: Traces, prior: torch.Tensor, horizons: list[int]) -> R
 
 
 def reuse_loss(head: ReuseHead, samples: ReuseSamples, batch: torch.Tensor) -> torch.Tensor:
-    logits = head(samples.hidden[batch], samples.rate[batch], samples.age[batch])
-    return _masked_loss(logits, samples, batch)
+    return _masked_loss(_head_logits(head, samples)(batch), samples, batch)
 
 
 def _masked_loss(logits: torch.Tensor, samples: ReuseSamples, batch: torch.Tensor) -> torch.Tensor:
@@ -181,28 +180,34 @@ def _masked_loss(logits: torch.Tensor, samples: ReuseSamples, batch: torch.Tenso
     return loss / weight.sum().clamp(min=1)
 
 
+LogitsOf = Callable[[torch.Tensor], torch.Tensor]
+"""Logits ``[n, L * E, K]`` for a batch of sample indices."""
+
+
+def _head_logits(head: ReuseHead, samples: ReuseSamples) -> LogitsOf:
+    device = head.horizons.device
+    return lambda batch: head(samples.hidden[batch].to(device), samples.rate[batch].to(device), samples.age[batch].to(device))
+
+
+def _rate_rule_of(samples: ReuseSamples, horizons: torch.Tensor) -> LogitsOf:
+    return lambda batch: rate_rule_logits(samples.rate[batch].to(horizons.device), horizons)
+
+
 @torch.no_grad()
-def evaluate_reuse(head: ReuseHead, samples: ReuseSamples, batch_size: int = 256) -> dict[str, float | int]:
+def _mean_loss(logits_of: LogitsOf, samples: ReuseSamples, indices: torch.Tensor, batch_size: int = 256) -> float:
+    total = sum(_masked_loss(logits_of(batch), samples, batch).item() * batch.numel() for batch in indices.split(batch_size))
+    return total / indices.numel() if indices.numel() else float("nan")
+
+
+def evaluate_reuse(head: ReuseHead, samples: ReuseSamples) -> dict[str, float | int]:
     """The head's loss on ``samples`` (say, of a held-out text) against the rate rule's."""
     head.eval()
-    device = head.horizons.device
-    totals = {"reuse_loss": 0.0, "rate_rule_loss": 0.0}
-    for batch in torch.arange(samples.hidden.shape[0]).split(batch_size):
-        rate = samples.rate[batch].to(device)
-        logits = head(samples.hidden[batch].to(device), rate, samples.age[batch].to(device))
-        totals["reuse_loss"] += _masked_loss(logits, samples, batch).item() * batch.numel()
-        totals["rate_rule_loss"] += _masked_loss(rate_rule_logits(rate, head.horizons), samples, batch).item() * batch.numel()
-    count = samples.hidden.shape[0]
-    return {"samples": count, **{key: value / count for key, value in totals.items()}}
-
-
-@torch.no_grad()
-def _mean_loss(head: ReuseHead, samples: ReuseSamples, held: torch.Tensor, batch_size: int = 256) -> float:
-    head.eval()
-    total = sum(
-        reuse_loss(head, samples, batch).item() * batch.numel() for batch in held.split(batch_size)
-    )
-    return total / held.numel() if held.numel() else float("nan")
+    every = torch.arange(samples.hidden.shape[0])
+    return {
+        "samples": every.numel(),
+        "reuse_loss": _mean_loss(_head_logits(head, samples), samples, every),
+        "rate_rule_loss": _mean_loss(_rate_rule_of(samples, head.horizons), samples, every),
+    }
 
 
 def train_reuse(
@@ -217,15 +222,18 @@ def train_reuse(
     on_epoch: Callable[[int, float], None] | None = None,
 ) -> dict[str, float | int]:
     """Train ``head`` in place, keeping the epoch with the lowest validation loss; the report
-    gives that loss and the untrained (rate rule's) loss on the same samples. ``on_epoch`` is
-    told (epoch, validation loss) and may raise to cancel."""
+    gives that loss and the rate rule's on the same samples. ``on_epoch`` is told (epoch,
+    validation loss) and may raise to cancel."""
 
     def indices(documents: set[int]) -> torch.Tensor:
         return torch.isin(samples.document, torch.tensor(sorted(documents))).nonzero().squeeze(1)
 
     train, held = indices(train_documents), indices(held_documents)
     optimizer = torch.optim.AdamW(head.parameters(), lr=learning_rate, weight_decay=0.01)
-    rate_rule_loss = best_loss = _mean_loss(head, samples, held)
+    logits_of = _head_logits(head, samples)
+    rate_rule_loss = _mean_loss(_rate_rule_of(samples, head.horizons), samples, held)
+    head.eval()
+    best_loss = _mean_loss(logits_of, samples, held)
     best_state, best_epoch, stale = copy.deepcopy(head.state_dict()), 0, 0
     for epoch in range(1, epochs + 1):
         head.train()
@@ -235,7 +243,8 @@ def train_reuse(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-        loss = _mean_loss(head, samples, held)
+        head.eval()
+        loss = _mean_loss(logits_of, samples, held)
         if on_epoch is not None:
             on_epoch(epoch, loss)
         if loss < best_loss:
