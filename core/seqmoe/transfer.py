@@ -290,6 +290,9 @@ class CudaCopier:
         self._released[slot] = event
 
     def done(self, job: CopyJob) -> bool:
+        # The cache asks at every layer: the moment to put waiting prefetches on the stream
+        # once earlier copies finished, not only when the next copy is submitted.
+        self._pump()
         if job.state is JobState.COPYING and job.cuda_event.query():
             job.state = JobState.DONE
         return job.state is JobState.DONE

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,22 @@ def test_copies_land_in_order_and_urgent_ones_overtake() -> None:
     torch.cuda.synchronize()
     assert [s[0].item() for s in slots] == [0.0, 1.0, 2.0, 3.0]
     assert copier.bytes_copied == 16 * 2**20
+
+
+def test_queued_prefetches_start_while_the_cache_polls_them() -> None:
+    device = torch.device("cuda")
+    copier = CudaCopier(device, max_in_flight=1)
+    sources = [torch.full((2**20,), float(i)).pin_memory() for i in range(3)]
+    slots = [torch.empty(2**20, device=device) for _ in range(3)]
+    jobs = [CopyJob((0, i), i, [(slots[i], sources[i])], 4 * 2**20) for i in range(3)]
+    for j in jobs:
+        copier.submit(j)
+    deadline = time.monotonic() + 10
+    # No further submit: the queued copies must still reach the stream.
+    while not copier.done(jobs[-1]):
+        assert time.monotonic() < deadline, "a queued prefetch never started"
+    torch.cuda.synchronize()
+    assert [s[0].item() for s in slots] == [0.0, 1.0, 2.0]
 
 
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3"])
