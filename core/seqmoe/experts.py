@@ -77,6 +77,7 @@ class OffloadedLayer:
     def _look_ahead(self, hidden: torch.Tensor, index: torch.Tensor, prefill: bool) -> None:
         policy = self.cache.policy
         if prefill:
+            policy.look_past_prompt(self.layer, hidden[-1], index[-1])
             if policy.streams_prefill and self.layer + 1 < self.num_layers:
                 self.cache.stream(self.layer + 1, policy.stream_order(self.layer + 1))
             return

@@ -35,6 +35,11 @@ one-token forecast would rank as unlikely. When the predictor has a reuse head
 speaks for (the next one, or a few when it runs every few tokens): ``D = d + L * (1 - p) * w``. The expert with the largest ``D`` is evicted;
 candidates within ``NEAR`` layers of that largest distance count as equally far, and among
 them the lowest ``p`` goes first, then the least recently used.
+
+**Prefill to reply.** During prefill, ``seqmoe`` forecasts from the prompt's last token at
+every MoE layer ``l`` and takes the horizons that reach past the prompt: the reply's first
+token's layers up to ``l``. Those are the ``p`` of the layers prefill has already passed, so
+eviction keeps the experts the reply starts with instead of those the prompt used most.
 """
 
 from __future__ import annotations
@@ -96,6 +101,11 @@ class Policy:
     def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
         """Experts of the next layers worth loading, after layer ``layer`` routed one decode token."""
         return ()
+
+    def look_past_prompt(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> None:
+        """During prefill, after MoE layer ``layer`` routed the prompt's last token (``hidden``,
+        ``routed``): a policy may note which experts of the layers up to ``layer`` the reply's
+        first token will use, so that eviction keeps them while prefill streams the rest."""
 
     def distance(self, key: ExpertKey) -> float | None:
         """Expected MoE layers until ``key`` is used again; ``None`` if the policy cannot say."""
@@ -291,6 +301,17 @@ class SeqMoEPolicy(BeladyPolicy):
                 self._forecast_reuse(hidden)
         return forecasts
 
+    def look_past_prompt(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> None:
+        # Prefill streams every layer's routed experts in turn and keeps evicting the layers it
+        # has passed; the reply's first token needs a few of exactly those, and the forecast from
+        # the prompt's last token reaches them (the horizons past the prompt's last layer). Only
+        # eviction hears it: the link is busy streaming, and the reply's first layers re-plan.
+        # Not counted in the decode cost of the predictor: it runs once per prefill layer.
+        probs = self._predict(layer, hidden, routed)
+        reply = range(self.num_layers - layer, 2 * self.num_layers - layer)
+        reached = {(layer + h) % self.num_layers for h in range(1, probs.shape[0] + 1) if h in reply}
+        self.remember([f for f in self._forecasts(layer, probs) if f.horizon in reply], reached)
+
     def _forecast_reuse(self, hidden: torch.Tensor) -> None:
         start = self.clock()
         self.waits = self.reuse(hidden.reshape(-1), *self.usage.features()).tolist()
@@ -301,12 +322,19 @@ class SeqMoEPolicy(BeladyPolicy):
 
     def _call(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> list[Forecast]:
         start = self.clock()
-        probs = self.predict(hidden.reshape(-1), layer, routed.reshape(-1)).float().cpu()[: self.horizon]
+        probs = self._predict(layer, hidden, routed)
         seconds = self.clock() - start
         self.calls += 1
         self.predict_seconds += seconds
         self._call_seconds = _smoothed(self._call_seconds, seconds)
         self._targets = [(layer + h) % self.num_layers for h in range(1, probs.shape[0] + 1)]
+        return self._forecasts(layer, probs)
+
+    def _predict(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
+        """``[H, E]``: the probability of each expert at each of the next ``H`` MoE layers."""
+        return self.predict(hidden.reshape(-1), layer, routed.reshape(-1)).float().cpu()[: self.horizon]
+
+    def _forecasts(self, layer: int, probs: torch.Tensor) -> list[Forecast]:
         return [
             Forecast(((layer + h + 1) % self.num_layers, expert), p, h + 1)
             for h, row in enumerate(probs.tolist())

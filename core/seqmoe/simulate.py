@@ -214,8 +214,11 @@ class Step:
     experts: tuple[int, ...]
     token: int | None
     """The decode token, or ``None`` in prefill."""
-    streams_next: bool
-    """The last group of a prefill layer: the next layer is streamed while it computes."""
+    last_token: int
+    """The run's last token (a decode token is its own): the one whose state policies read."""
+    whole: bool
+    """All the layer's experts fit the cache at once; only then does the engine look ahead from
+    it in prefill (stream the next layer, let the policy look past the prompt)."""
 
 
 def replay_steps(traces: Traces, slots: int) -> list[Step]:
@@ -227,13 +230,13 @@ def replay_steps(traces: Traces, slots: int) -> list[Step]:
         for run in runs:
             if run.decode:
                 token = int(run.tokens[0])
-                steps.extend(Step(layer, tuple(sorted(traces.experts[token, layer].tolist())), token, False) for layer in range(layers))
+                steps.extend(Step(layer, tuple(sorted(traces.experts[token, layer].tolist())), token, token, True) for layer in range(layers))
                 continue
+            last_token = int(run.tokens[-1])
             for layer in range(layers):
                 needed = sorted(set(traces.experts[run.tokens, layer].reshape(-1).tolist()))
                 for start in range(0, len(needed), slots):
-                    last = start + slots >= len(needed) and layer + 1 < layers
-                    steps.append(Step(layer, tuple(needed[start : start + slots]), None, last))
+                    steps.append(Step(layer, tuple(needed[start : start + slots]), None, last_token, len(needed) <= slots))
     return steps
 
 
@@ -275,8 +278,10 @@ def simulate(
             decode_bytes += copier.bytes_copied - copied
             decode_layers += 1
         else:
-            if policy.streams_prefill and step.streams_next:
-                cache.stream(step.layer + 1, policy.stream_order(step.layer + 1))
+            if step.whole:
+                policy.look_past_prompt(step.layer, traces.hidden[step.last_token, step.layer].float(), traces.experts[step.last_token, step.layer])
+                if policy.streams_prefill and step.layer + 1 < layers:
+                    cache.stream(step.layer + 1, policy.stream_order(step.layer + 1))
             clock.now += (shape.attention_bytes + len(step.experts) * shape.expert_bytes) / hardware.memory_bytes_per_s
         cache.release(held)
     counters = cache.phases["decode"]

@@ -255,3 +255,57 @@ def test_a_cheap_predictor_runs_at_every_layer() -> None:
         policy.forecast(step % LAYERS, torch.zeros(4), torch.tensor([0]))
         time.sleep(0.01)
     assert policy.stride == 1 and policy.calls == 12
+
+
+def _first_reply_predictor(expert: int, horizon: int = LAYERS):
+    """A predictor whose every horizon names ``expert``."""
+
+    def predict(hidden: torch.Tensor, layer: int, routed: torch.Tensor) -> torch.Tensor:
+        probs = torch.full((horizon, EXPERTS), 0.01)
+        probs[:, expert] = 0.9
+        return probs
+
+    return predict
+
+
+def test_the_prompts_last_token_forecasts_the_replys_first_layers_up_to_this_one() -> None:
+    policy = SeqMoEPolicy(_first_reply_predictor(2), LAYERS, torch.full((LAYERS, EXPERTS), 0.3))
+    for layer in range(3):
+        policy.observe(layer, list(range(EXPERTS)))
+    policy.look_past_prompt(2, torch.zeros(4), torch.tensor([2]))
+    # From layer 2, horizons 2, 3 and 4 reach the reply's first token: its layers 0, 1 and 2.
+    for layer in range(3):
+        assert policy.probability((layer, 2)) == pytest.approx(0.9)
+        assert policy.probability((layer, 0)) < 0.01
+    # Layer 3 is still the prompt's: what prefill streams there says nothing of the reply.
+    assert policy.probability((3, 2)) == policy.probability((3, 0)) == policy.recent_rate((3, 0))
+    assert policy.calls == 0, "prefill forecasts are not part of the decode cost"
+
+
+def test_a_forecast_that_does_not_reach_past_the_prompt_changes_nothing() -> None:
+    policy = SeqMoEPolicy(_first_reply_predictor(2, horizon=1), LAYERS, torch.full((LAYERS, EXPERTS), 0.3))
+    policy.observe(0, list(range(EXPERTS)))
+    policy.look_past_prompt(1, torch.zeros(4), torch.tensor([2]))
+    assert all(policy.probability((0, e)) == policy.recent_rate((0, e)) for e in range(EXPERTS))
+
+
+def test_prefill_keeps_the_experts_the_reply_starts_with() -> None:
+    kept = {}
+    for told in (False, True):
+        policy = SeqMoEPolicy(_first_reply_predictor(2), LAYERS, torch.full((LAYERS, EXPERTS), 0.3))
+        clock = VirtualClock()  # each layer computes long enough for its streamed copies to land
+        host = HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pin=False)
+        copier = SimulatedCopier(clock, seconds_per_copy=0.1, expert_bytes=1)
+        cache = ExpertCache(host, 10, torch.device("cpu"), copier, policy, EventBus(), clock=clock)
+        for layer in range(LAYERS):  # a prefill pass routed to three experts of each layer
+            slots = cache.acquire(layer, [0, 1, 2], prefill=True)
+            if told:
+                policy.look_past_prompt(layer, torch.zeros(4), torch.tensor([2]))
+            if layer + 1 < LAYERS:
+                cache.stream(layer + 1, policy.stream_order(layer + 1))
+            clock.now += 1.0
+            cache.release(slots)
+        kept[told] = {key for key in cache.pool.slot_of if key[0] < LAYERS - 1}
+    # Streaming the last layer left room for two of the earlier layers' experts.
+    assert kept[True] == {(0, 2), (1, 2)} | {(2, e) for e in range(EXPERTS)}
+    assert (1, 2) not in kept[False]

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from seqmoe import Engine, Sampling, load_model
+from seqmoe.policies import Policy
 from seqmoe.simulate import HARDWARE, SHAPES, simulate
 from seqmoe.trace import Document, RoutingRecorder, Traces, trace_document
 
@@ -42,3 +44,25 @@ def test_the_simulated_oracle_knows_the_whole_replay_prefill_included(tiny_model
     oracle = simulate(traces, "oracle", 0.35, HARDWARE["rtx4090-pcie4"], SHAPES["olmoe"])
     # Misaligned with prefill, the oracle "knew" the wrong future and missed almost as often as LRU.
     assert oracle.misses < lru.misses / 2
+
+
+def test_prefill_shows_the_policy_the_prompts_last_token_in_engine_and_simulator_alike(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    told: list[tuple[int, list[int], torch.Tensor]] = []
+
+    def record(self: Policy, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> None:
+        told.append((layer, sorted(routed.tolist()), hidden.to(torch.float16)))  # as traces store it
+
+    monkeypatch.setattr(Policy, "look_past_prompt", record)
+    _, traces = _run_and_trace(tiny_models["olmoe"], 0.6)
+    layers = traces.experts.shape[1]
+    # generate's one prefill pass (then the trace's own, through the same engine): every MoE
+    # layer in order, each with the prompt's last token.
+    assert [layer for layer, _, _ in told] == list(range(layers)) * 2
+    by_engine = told[:layers]
+    told.clear()
+    simulate(traces, "lru", 0.6, HARDWARE["rtx4090-pcie4"], SHAPES["olmoe"])
+    assert [routed for _, routed, _ in by_engine] == [sorted(traces.experts[len(PROMPT) - 1, layer].tolist()) for layer in range(layers)]
+    assert [(layer, routed) for layer, routed, _ in told] == [(layer, routed) for layer, routed, _ in by_engine]
+    assert all(torch.equal(a, b) for (_, _, a), (_, _, b) in zip(told, by_engine))
