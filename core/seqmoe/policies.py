@@ -1,7 +1,8 @@
 """Cache policies: which experts to load ahead of time and which to evict.
 
 A policy sees every access (``observe``), may forecast the experts of the next layers
-after a layer has been routed (``forecast``) and chooses victims (``victim``). The
+after a decode layer has been routed (``forecast``) or, in prefill, what the reply's first
+token will use (``look_past_prompt``), and chooses victims (``victim``). The
 experts function never sees a policy; it only asks the cache for slots.
 
 Policies:
