@@ -16,12 +16,18 @@ from .test_equivalence import PROMPT, reference_tokens
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU with a CUDA build of PyTorch")
 
 
-def test_copies_land_in_order_and_urgent_ones_overtake() -> None:
+def _one_at_a_time(count: int) -> tuple[CudaCopier, list[torch.Tensor], list[CopyJob]]:
+    """A copier with one copy on the stream at a time, and ``count`` 4 MiB jobs: job ``i``
+    fills slot ``i`` with the value ``i``."""
     device = torch.device("cuda")
-    copier = CudaCopier(device, max_in_flight=1)
-    sources = [torch.full((2**20,), float(i)).pin_memory() for i in range(4)]
-    slots = [torch.empty(2**20, device=device) for _ in range(4)]
-    jobs = [CopyJob((0, i), i, [(slots[i], sources[i])], 4 * 2**20) for i in range(4)]
+    sources = [torch.full((2**20,), float(i)).pin_memory() for i in range(count)]
+    slots = [torch.empty(2**20, device=device) for _ in range(count)]
+    jobs = [CopyJob((0, i), i, [(slots[i], sources[i])], 4 * 2**20) for i in range(count)]
+    return CudaCopier(device, max_in_flight=1), slots, jobs
+
+
+def test_copies_land_in_order_and_urgent_ones_overtake() -> None:
+    copier, slots, jobs = _one_at_a_time(4)
     for j in jobs[:3]:
         copier.submit(j)
     copier.submit(jobs[3], urgent=True)
@@ -33,11 +39,7 @@ def test_copies_land_in_order_and_urgent_ones_overtake() -> None:
 
 
 def test_queued_prefetches_start_while_the_cache_polls_them() -> None:
-    device = torch.device("cuda")
-    copier = CudaCopier(device, max_in_flight=1)
-    sources = [torch.full((2**20,), float(i)).pin_memory() for i in range(3)]
-    slots = [torch.empty(2**20, device=device) for _ in range(3)]
-    jobs = [CopyJob((0, i), i, [(slots[i], sources[i])], 4 * 2**20) for i in range(3)]
+    copier, slots, jobs = _one_at_a_time(3)
     for j in jobs:
         copier.submit(j)
     deadline = time.monotonic() + 10
