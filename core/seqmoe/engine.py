@@ -22,7 +22,7 @@ from .budget import WORKSPACE_BYTES, CacheGeometry, kv_cache_bytes
 from .cache import ExpertCache
 from .errors import BudgetTooSmall, SeqMoEError
 from .events import EventBus, TokenGenerated
-from .loader import LoadedModel, find_routers, router_logits
+from .loader import LoadedModel, find_routers
 from .policies import (
     ORACLE_NEXT,
     ORACLES,
@@ -101,7 +101,7 @@ class Engine:
         self.horizon: int | None = None
         """How many MoE layers ahead the ``seqmoe`` policy forecasts, at most its predictor's horizon
         (``None``: as far as the predictor sees). Read by ``configure``."""
-        self.predictor_path = predictor_path
+        self._predictor_path = predictor_path
         self._loaded_predictor: ExpertPredictor | None = None
         self.cache: ExpertCache | None = None
         self._copier: Copier | None = None
@@ -216,7 +216,7 @@ class Engine:
         raise SeqMoEError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
     def _router_functions(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
-        return [lambda hidden, router=router: router_logits(router(hidden.reshape(1, -1))) for router in find_routers(self.loaded)]
+        return [router.logits for router in find_routers(self.loaded)]
 
     def _gate_forecaster(self) -> Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor]:
         """Until a predictor is calibrated: the next layer's router on this hidden state, horizon 1."""
@@ -239,14 +239,25 @@ class Engine:
         predictor = self.predictor()
         return predictor.config.horizon if predictor is not None else 1
 
+    @property
+    def predictor_path(self) -> Path | None:
+        """The predictor file the ``seqmoe`` policy uses (``None``: none found yet)."""
+        return self._predictor_path
+
+    @predictor_path.setter
+    def predictor_path(self, path: Path | None) -> None:
+        self._predictor_path, self._loaded_predictor = path, None
+
     def predictor(self) -> ExpertPredictor | None:
         """The trained predictor for this model (given, or found in the user cache or resources), if any."""
-        if self.predictor_path is None:
-            self.predictor_path = find_predictor(self.loaded)
-        if self.predictor_path is None:
+        # While none is found, look again each time: a calibration (the app runs it beside the
+        # engine) may have stored one since.
+        if self._predictor_path is None:
+            self._predictor_path = find_predictor(self.loaded)
+        if self._predictor_path is None:
             return None
         if self._loaded_predictor is None:
-            self._loaded_predictor = load_predictor(self.predictor_path, model_identity(self.loaded), self.device)
+            self._loaded_predictor = load_predictor(self._predictor_path, model_identity(self.loaded), self.device)
         return self._loaded_predictor
 
     def encode(self, prompt: str, chat: bool) -> list[int]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -308,25 +309,57 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def find_routers(loaded: LoadedModel) -> list[nn.Module]:
-    """For each experts module, the sibling module whose weight maps hidden states to expert logits."""
+@dataclass(frozen=True)
+class Router:
+    """One MoE layer's router as the linear map every router starts with: hidden state to
+    one logit per routed expert.
+
+    Routers differ in everything after that map (softmax or sigmoid, a load-balancing bias
+    on the choice, expert groups, even extra arguments to ``forward``), so the map itself is
+    applied rather than the module. It is the choice's ranking before any correction: what
+    the ``gate`` policy forecasts with and what traces record.
+    """
+
+    module: nn.Module
+    """The module holding the weight; its input is the router's input."""
+    weight: nn.Parameter
+    """``[rows, hidden]``; the routed experts are the first ``num_experts`` rows."""
+    bias: nn.Parameter | None
+    num_experts: int
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[..., num_experts]`` logits for ``hidden`` ``[..., hidden_size]``, in float32."""
+        weight = self.weight[: self.num_experts].float()
+        bias = None if self.bias is None else self.bias[: self.num_experts].float()
+        return F.linear(hidden.to(weight.device, torch.float32), weight, bias)
+
+
+def find_routers(loaded: LoadedModel) -> list[Router]:
+    """For each experts module, its router: the weight beside it (in the same MoE block, perhaps
+    inside a router module) that maps hidden states to one logit per expert."""
     parents = {id(child): parent for parent in loaded.model.modules() for child in parent.children()}
     hidden = loaded.config.get_text_config().hidden_size
-    routers = []
-    for experts in loaded.experts:
-        block = parents[id(experts)]
-        shape = (loaded.host.layout.num_experts, hidden)
-        found = [
-            child
-            for child in block.children()
-            if child is not experts and isinstance(getattr(child, "weight", None), torch.Tensor) and tuple(child.weight.shape) == shape
-        ]
-        if not found:
-            raise SeqMoEError(f"cannot find the router of {type(block).__name__} (a weight of shape {shape})")
-        routers.append(found[0])
-    return routers
+    experts = loaded.host.layout.num_experts
+    return [_router_beside(parents[id(module)], module, experts, hidden) for module in loaded.experts]
 
 
-def router_logits(output: object) -> torch.Tensor:
-    """Routers return their logits alone or first in a tuple."""
-    return output[0] if isinstance(output, tuple) else output
+def _router_beside(block: nn.Module, experts_module: nn.Module, experts: int, hidden: int) -> Router:
+    candidates = []
+    for name, module in block.named_modules():
+        if module is experts_module or _inside(module, experts_module):
+            continue
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.shape[1] == hidden and weight.shape[0] >= experts:
+            # Exactly one row per expert first; then a router that appends its shared experts'
+            # gates after the routed ones (Inkling); the shallowest module within each.
+            candidates.append((weight.shape[0] != experts, name.count("."), module))
+    if not candidates:
+        raise SeqMoEError(f"cannot find the router of {type(block).__name__} (a weight of shape ({experts}, {hidden}))")
+    module = min(candidates, key=lambda c: c[:2])[2]
+    bias = getattr(module, "bias", None)
+    bias = bias if isinstance(bias, torch.Tensor) and bias.dim() == 1 and bias.shape[0] == module.weight.shape[0] else None
+    return Router(module, module.weight, bias, experts)
+
+
+def _inside(module: nn.Module, ancestor: nn.Module) -> bool:
+    return any(module is m for m in ancestor.modules())

@@ -27,7 +27,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from .errors import SeqMoEError
-from .loader import LoadedModel, find_routers, router_logits
+from .loader import LoadedModel, Router, find_routers
 
 FORMAT_VERSION = 1
 SHARD_TOKENS = 8192
@@ -61,7 +61,7 @@ class RoutingRecorder:
         self._handles = []
         for index, (experts, router) in enumerate(zip(loaded.experts, find_routers(loaded))):
             self._handles.append(experts.register_forward_pre_hook(self._experts_hook(index), with_kwargs=True))
-            self._handles.append(router.register_forward_hook(self._router_hook(index)))
+            self._handles.append(router.module.register_forward_pre_hook(self._router_hook(index, router), with_kwargs=True))
 
     def _experts_hook(self, index: int) -> Callable:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -72,9 +72,10 @@ class RoutingRecorder:
 
         return hook
 
-    def _router_hook(self, index: int) -> Callable:
-        def hook(module: nn.Module, args: tuple, output: object) -> None:
-            self.logits[index] = router_logits(output).detach().float().to("cpu")
+    def _router_hook(self, index: int, router: Router) -> Callable:
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            self.logits[index] = router.logits(hidden.detach()).reshape(-1, router.num_experts).to("cpu")
 
         return hook
 

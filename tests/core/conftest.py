@@ -51,6 +51,15 @@ FAMILIES: dict[str, transformers.PretrainedConfig] = {
         n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1, n_shared_experts=1,
         kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, head_dim=8,
     ),
+    # the router's weight inside a router module, a learned bias on the choice passed in by the block
+    "afmoe": transformers.AfmoeConfig(
+        **_COMMON, head_dim=8, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=3, num_dense_layers=1,
+        num_experts=8, num_experts_per_tok=2, num_shared_experts=1, sliding_window=16, global_attn_every_n_layers=2,
+    ),
+    # a router whose forward takes the block's correction bias as an argument
+    "minimax_m2": transformers.MiniMaxM2Config(
+        **_COMMON, head_dim=8, intermediate_size=32, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2,
+    ),
     "granitemoe": transformers.GraniteMoeConfig(
         **_COMMON, intermediate_size=48, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2
     ),

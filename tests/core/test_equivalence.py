@@ -85,7 +85,7 @@ def test_full_policy_copies_nothing_and_hits_always(mixtral_dir: Path) -> None:
     assert stats.hit_rate == 1.0
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_predictive_policies_give_the_reference_tokens(tiny_models: dict[str, Path], family: str) -> None:
     from seqmoe.bench import record_future
 

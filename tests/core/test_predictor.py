@@ -74,6 +74,17 @@ def test_training_lowers_validation_loss_and_saves_a_loadable_predictor(traced: 
     assert loaded.predict(hidden, 1, routed).shape == (4, 8)
 
 
+def test_the_engine_uses_the_predictor_file_it_was_last_given(traced: tuple[Path, Path], tmp_path: Path) -> None:
+    model_dir, out = traced
+    traces = read_traces(out)
+    engine = Engine(load_model(str(model_dir), device="cpu"))
+    for width in (32, 16):
+        path = tmp_path / f"w{width}.safetensors"
+        save_predictor(train_predictor(traces, TrainingOptions(epochs=1, width=width, horizon=2), progress=False), path)
+        engine.predictor_path = path
+        assert engine.predictor().config.width == width
+
+
 def test_predictor_for_another_model_is_refused(traced: tuple[Path, Path], tiny_models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _, out = traced
     predictor = train_predictor(read_traces(out), TrainingOptions(epochs=1, width=16), progress=False)

@@ -20,9 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
-from ..loader import router_logits
+from ..loader import Router
 from .model import ExpertPredictor
 from .samples import Positions
 
@@ -70,19 +69,17 @@ def predictor_scorer(predictor: ExpertPredictor, positions: Positions) -> Scorer
     return score
 
 
-def gate_scorer(routers: list[nn.Module], positions: Positions) -> Scorer:
-    parameter = next(routers[0].parameters())
-
+def gate_scorer(routers: list[Router], positions: Positions) -> Scorer:
     @torch.inference_mode()
     def score(batch: torch.Tensor) -> torch.Tensor:
-        hidden = positions.hidden[batch].to(parameter.device, parameter.dtype)
+        hidden = positions.hidden[batch]
         layer = positions.layer[batch]
         scores = torch.empty(batch.numel(), positions.horizon, positions.num_experts)
         for h in range(positions.horizon):
             target = (layer + h + 1) % positions.num_layers
             for j in target.unique().tolist():
                 rows = (target == j).nonzero().squeeze(1)
-                scores[rows, h] = router_logits(routers[j](hidden[rows])).float().cpu()
+                scores[rows, h] = routers[j].logits(hidden[rows]).cpu()
         return scores
 
     return score

@@ -1,0 +1,70 @@
+"""Every MoE layer's router is found, whatever module holds it and whatever its forward takes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from seqmoe import load_model
+from seqmoe.errors import SeqMoEError
+from seqmoe.loader import find_routers
+from seqmoe.trace import RoutingRecorder
+
+from .conftest import FAMILIES
+
+# Routers that choose the top-k of their logits; deepseek_v3 first picks expert groups and
+# afmoe adds a learned bias to the choice, so their choice may differ from the logits' top-k.
+PLAIN_TOP_K = sorted(set(FAMILIES) - {"deepseek_v3", "afmoe"})
+
+
+@pytest.mark.parametrize("family", PLAIN_TOP_K)
+def test_the_found_router_ranks_the_chosen_experts_first(tiny_models: dict[str, Path], family: str) -> None:
+    loaded = load_model(str(tiny_models[family]), device="cpu")
+    recorder = RoutingRecorder(loaded)
+    with torch.inference_mode():
+        loaded.model(input_ids=torch.arange(2, 40).unsqueeze(0))
+    record = recorder.take()
+    recorder.close()
+    k = record["experts"].shape[-1]
+    chosen = record["probs"].float().gather(-1, record["experts"].long())
+    kth_best = record["probs"].float().topk(k, dim=-1).values[..., -1:]
+    assert (chosen >= kth_best - 1e-3).all()
+
+
+class _Block(nn.Module):
+    def __init__(self, rows: list[int], hidden: int = 6) -> None:
+        super().__init__()
+        self.experts = nn.Linear(hidden, 4 * hidden)
+        self.gates = nn.ModuleList(nn.Linear(hidden, r, bias=False) for r in rows)
+
+
+def _loaded(block: _Block, experts: int = 4, hidden: int = 6) -> SimpleNamespace:
+    model = nn.Sequential(block)
+    return SimpleNamespace(
+        model=model,
+        experts=[block.experts],
+        config=SimpleNamespace(get_text_config=lambda: SimpleNamespace(hidden_size=hidden)),
+        host=SimpleNamespace(layout=SimpleNamespace(num_experts=experts)),
+    )
+
+
+def test_a_router_with_shared_expert_gates_after_the_routed_ones_gives_the_routed_logits() -> None:
+    block = _Block([6])
+    (router,) = find_routers(_loaded(block))
+    hidden = torch.randn(3, 6)
+    assert router.module is block.gates[0]
+    assert torch.allclose(router.logits(hidden), block.gates[0](hidden)[:, :4])
+
+
+def test_a_weight_of_exactly_one_row_per_expert_is_preferred() -> None:
+    block = _Block([6, 4])
+    assert find_routers(_loaded(block))[0].module is block.gates[1]
+
+
+def test_a_block_without_a_router_is_refused_clearly() -> None:
+    with pytest.raises(SeqMoEError, match="cannot find the router"):
+        find_routers(_loaded(_Block([3])))
