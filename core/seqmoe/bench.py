@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass, field
 
 from .engine import Engine, Sampling
+from .errors import SeqMoEError
 from .events import EventBuffer, LayerRouted
 from .policies import ORACLES
 from .simulate import HARDWARE, SHAPES, Hardware, ModelShape
@@ -135,6 +136,8 @@ def layer_seconds(totals: Totals, num_layers: int) -> float:
 def set_link(engine: Engine, full: Totals, copy_layers: float) -> None:
     """Set the emulated link so one expert copy takes ``copy_layers`` layers of ``full``'s decode
     (the inverse of ``emulated_copy_seconds``)."""
+    if not full.decode_tokens:
+        raise SeqMoEError("no reply went past its first token, so there is no decode to time the link by; give other prompts")
     copy_seconds = copy_layers * layer_seconds(full, engine.loaded.host.num_layers)
     expert_bytes = engine.loaded.host.layout.bytes_per_expert
     engine.link_gbps = expert_bytes / max(copy_seconds - engine.link_latency_s, 1e-9) / 1e9
@@ -168,6 +171,8 @@ def run_bench(
     engine.generate(prompts[0], Sampling(max_new_tokens=4))
     reference = [engine.generate(p, greedy) for p in prompts]
     full = Totals([r.stats for r in reference])
+    if not full.decode_tokens:
+        raise SeqMoEError("every prompt's reply ended at its first token, so there is no decode to time; give other prompts")
     rows = []
     for ratio in ratios:
         futures: list[list[tuple[int, frozenset[int]]]] | None = None
@@ -180,7 +185,9 @@ def run_bench(
             for index, prompt in enumerate(prompts):
                 before = full_speed(engine, [prompt], greedy)
                 if copy_layers is not None:
-                    set_link(engine, before, copy_layers)
+                    # A reply that ends at its first token has no decode to time: the link then
+                    # follows full's speed over all prompts.
+                    set_link(engine, before if before.decode_tokens else full, copy_layers)
                 future = futures[index] if futures is not None and policy in ORACLES else None
                 engine.configure(policy, cache_ratio=ratio, future=future)
                 slots = engine.cache_slots

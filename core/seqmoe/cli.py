@@ -161,10 +161,10 @@ def run_bench_command(args: argparse.Namespace) -> int:
     unknown = sorted(set(policies) - set(POLICY_NAMES))
     if unknown:
         raise SeqMoEError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICY_NAMES)}")
-    ratios = [float(r) for r in args.cache_ratios.split(",") if r]
-    texts = BUILT_IN_PROMPTS
-    if args.prompts:
-        texts = [line.strip() for line in args.prompts.read_text(encoding="utf-8").splitlines() if line.strip()]
+    ratios = cache_ratios(args.cache_ratios)
+    if args.max_new_tokens < 2:
+        raise SeqMoEError("--max-new-tokens must be at least 2: decode speed is timed from the second token on")
+    texts = read_prompts(args.prompts) if args.prompts else BUILT_IN_PROMPTS
     engine = load_engine(args)
     chat = bool(engine.loaded.tokenizer.chat_template)
     prompts = [engine.encode(text, chat=chat) for text in texts]
@@ -206,6 +206,29 @@ def run_bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def cache_ratios(text: str) -> list[float]:
+    """The comma-separated ``--cache-ratios``, each a share of all experts: above 0, at most 1."""
+    try:
+        ratios = [float(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        ratios = []
+    if not ratios or not all(0 < r <= 1 for r in ratios):
+        raise SeqMoEError(f"--cache-ratios takes shares of all experts, above 0 and at most 1, comma-separated; got {text!r}")
+    return ratios
+
+
+def read_prompts(path: Path) -> list[str]:
+    """One prompt per non-blank line of ``path``."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise SeqMoEError(f"cannot read the prompts file {path}: {getattr(error, 'strerror', None) or error}") from None
+    prompts = [line.strip() for line in lines if line.strip()]
+    if not prompts:
+        raise SeqMoEError(f"the prompts file {path} holds no prompts (one per line)")
+    return prompts
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     from .predictor.calibration import find_predictor_for
     from .predictor.model import load_predictor
@@ -214,6 +237,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     if args.profile not in HARDWARE or args.shape not in SHAPES:
         raise SeqMoEError(f"unknown profile or shape; profiles: {', '.join(HARDWARE)}; shapes: {', '.join(SHAPES)}")
+    ratios = cache_ratios(args.cache_ratios)
     traces = read_traces(args.traces)
     policies = [p for p in args.policies.split(",") if p]
     predictor = None
@@ -226,11 +250,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise SeqMoEError("--compute-efficiency is a share of the memory bandwidth: above 0, at most 1")
     hardware, shape = HARDWARE[args.profile].at_efficiency(args.compute_efficiency), SHAPES[args.shape]
     try:
-        rows = [
-            simulate(traces, policy, float(ratio), hardware, shape, predictor).as_dict()
-            for ratio in args.cache_ratios.split(",")
-            for policy in policies
-        ]
+        rows = [simulate(traces, policy, ratio, hardware, shape, predictor).as_dict() for ratio in ratios for policy in policies]
     except ValueError as error:
         raise SeqMoEError(str(error)) from None
     if args.json:

@@ -11,6 +11,8 @@ import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from seqmoe.cli import main
+
 os.environ["HF_HUB_OFFLINE"] = "1"
 transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
@@ -94,6 +96,24 @@ def build_model(folder: Path, config: transformers.PretrainedConfig, seed: int =
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny-models")
     return {name: build_model(root / name, config) for name, config in FAMILIES.items()}
+
+
+CHAT_TEXT = "\n\n".join(
+    f"hello there number {i}\nhi, how are you today?\nfine thanks, and you {i}?" for i in range(12)
+)
+
+
+@pytest.fixture(scope="session")
+def traced(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(model folder, trace folder) of the tiny Qwen3-MoE traced over a small chat text."""
+    text = tmp_path_factory.mktemp("text") / "chat.txt"
+    text.write_text(CHAT_TEXT)
+    out = tmp_path_factory.mktemp("traces")
+    model = tiny_models["qwen3_moe"]
+    status = main(["trace", "--model", str(model), "--text", str(text), "--chat", "--continuation", "6",
+                   "--out", str(out), "--device", "cpu"])
+    assert status == 0
+    return model, out
 
 
 @pytest.fixture(scope="session")

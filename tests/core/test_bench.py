@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from seqmoe import Engine, Sampling, load_model
+from seqmoe.bench import run_bench
 from seqmoe.cli import main
+from seqmoe.errors import SeqMoEError
 
 ROW_KEYS = {
     "policy", "cache_ratio", "cache_slots", "tokens_per_s", "ratio_to_full", "hit_rate", "stall_seconds_per_token",
@@ -43,3 +46,39 @@ def test_bench_reports_every_policy_and_ratio_with_identical_tokens(
     stream = report["event_stream"]
     assert stream["events_per_token"] > 0 and stream["tokens_per_s_with_listener"] > 0
     assert "event stream:" in err and "oracle" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-new-tokens", "1"], "--max-new-tokens must be at least 2"),
+        (["--cache-ratios", "0.5,half"], "--cache-ratios takes shares of all experts"),
+        (["--cache-ratios", "1.5"], "above 0 and at most 1"),
+        (["--prompts", "{missing}"], "cannot read the prompts file"),
+        (["--prompts", "{empty}"], "holds no prompts"),
+    ],
+)
+def test_bench_refuses_bad_flags_in_one_line(
+    mixtral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n", encoding="utf-8")
+    flags = [f.format(missing=tmp_path / "missing.txt", empty=empty) for f in flags]
+    status = main(["bench", "--model", str(mixtral_dir), "--device", "cpu", *flags])
+    err = capsys.readouterr().err
+    assert status == 2 and message in err and "Traceback" not in err
+
+
+def test_a_reply_that_ends_at_its_first_token_is_benched_with_the_others(mixtral_dir: Path) -> None:
+    engine = Engine(load_model(str(mixtral_dir), device="cpu"))
+    engine.configure("full")
+    short = [5, 17, 42]
+    # The short prompt's first reply token becomes the end of text, so its reply has no decode.
+    engine.loaded.model.generation_config.eos_token_id = engine.generate(short, Sampling(max_new_tokens=1)).token_ids[0]
+    others = ([p, p + 3, p + 7, p + 11] for p in range(20, 90))
+    longer = next(p for p in others if len(engine.generate(p, Sampling(max_new_tokens=6)).token_ids) == 6)
+    with pytest.raises(SeqMoEError, match="no decode to time"):
+        run_bench(engine, [short], ["lru"], [0.5], 6, copy_layers=2.0)
+    full, lru = run_bench(engine, [short, longer], ["lru"], [0.5], 6, copy_layers=2.0)
+    assert lru.same_tokens and lru.totals.decode_tokens == 5
+    assert 0 < lru.ratio_to_full <= 1.5 and lru.copy_layers is not None

@@ -16,23 +16,7 @@ from seqmoe.predictor.training import TrainingOptions, train_predictor
 from seqmoe.loader import find_routers
 from seqmoe.trace import model_identity, read_traces
 
-CHAT_TEXT = "\n\n".join(
-    f"hello there number {i}\nhi, how are you today?\nfine thanks, and you {i}?" for i in range(12)
-)
-
-
-@pytest.fixture(scope="module")
-def traced(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(model folder, trace folder) of the tiny Qwen3-MoE traced over a small chat text."""
-    text = tmp_path_factory.mktemp("text") / "chat.txt"
-    text.write_text(CHAT_TEXT)
-    out = tmp_path_factory.mktemp("traces")
-    model = tiny_models["qwen3_moe"]
-    status = main(["trace", "--model", str(model), "--text", str(text), "--chat", "--continuation", "6",
-                   "--out", str(out), "--device", "cpu"])
-    assert status == 0
-    return model, out
-
+from .conftest import CHAT_TEXT
 
 def test_trace_round_trip_records_the_routers_real_choice(traced: tuple[Path, Path]) -> None:
     model_dir, out = traced

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from seqmoe import Engine, Sampling, load_model
+from seqmoe.cli import main
 from seqmoe.policies import Policy
 from seqmoe.simulate import HARDWARE, SHAPES, simulate
 from seqmoe.trace import Document, RoutingRecorder, Traces, trace_document
@@ -66,3 +68,27 @@ def test_prefill_shows_the_policy_the_prompts_last_token_in_engine_and_simulator
     assert [routed for _, routed, _ in by_engine] == [sorted(traces.experts[len(PROMPT) - 1, layer].tolist()) for layer in range(layers)]
     assert [(layer, routed) for layer, routed, _ in told] == [(layer, routed) for layer, routed, _ in by_engine]
     assert all(torch.equal(a, b) for (_, _, a), (_, _, b) in zip(told, by_engine))
+
+
+def test_simulate_command_reports_every_policy_and_ratio(traced: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    _, out = traced
+    status = main(["simulate", "--traces", str(out), "--policies", "lru,oracle", "--cache-ratios", "0.4,0.8",
+                   "--profile", "rtx4060laptop-pcie4x8", "--shape", "qwen3-30b-a3b", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 0 and (report["profile"], report["shape"]) == ("rtx4060laptop-pcie4x8", "qwen3-30b-a3b")
+    rows = {(row["policy"], row["cache_ratio"]): row for row in report["rows"]}
+    assert set(rows) == {("lru", 0.4), ("oracle", 0.4), ("lru", 0.8), ("oracle", 0.8)}
+    for ratio in (0.4, 0.8):
+        lru, oracle = rows["lru", ratio], rows["oracle", ratio]
+        assert lru["tokens"] == oracle["tokens"] > 0
+        assert 0 < lru["ratio_to_full"] <= oracle["ratio_to_full"] + 1e-9 and oracle["ratio_to_full"] <= 1 + 1e-9
+        assert lru["hit_rate"] <= oracle["hit_rate"]
+    assert rows["lru", 0.4]["hit_rate"] <= rows["lru", 0.8]["hit_rate"]
+
+
+@pytest.mark.parametrize(("flags", "message"), [(["--cache-ratios", "0,0.5"], "above 0 and at most 1"),
+                                                (["--profile", "rtx3090"], "unknown profile")])
+def test_simulate_command_refuses_bad_flags(traced: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
+                                            flags: list[str], message: str) -> None:
+    status = main(["simulate", "--traces", str(traced[1]), "--policies", "lru", *flags])
+    assert status == 2 and message in capsys.readouterr().err
