@@ -232,7 +232,7 @@ def read_prompts(path: Path) -> list[str]:
 def run_simulate(args: argparse.Namespace) -> int:
     from .predictor.calibration import find_predictor_for
     from .predictor.model import load_predictor
-    from .simulate import simulate
+    from .simulate import copy_bound, simulate
     from .trace import read_traces
 
     if args.profile not in HARDWARE or args.shape not in SHAPES:
@@ -253,14 +253,20 @@ def run_simulate(args: argparse.Namespace) -> int:
         rows = [simulate(traces, policy, ratio, hardware, shape, predictor).as_dict() for ratio in ratios for policy in policies]
     except ValueError as error:
         raise SeqMoEError(str(error)) from None
+    bounds = [copy_bound(traces, ratio, hardware, shape) for ratio in ratios]
     if args.json:
-        print(json.dumps({"profile": args.profile, "shape": args.shape, "rows": rows}))
+        print(json.dumps({"profile": args.profile, "shape": args.shape, "rows": rows, "bounds": [b.as_dict() for b in bounds]}))
     out = sys.stderr if args.json else sys.stdout
     print(f"{hardware.description}; {shape.description}; {rows[0]['tokens']} decode tokens of {args.traces}", file=out)
-    print(f"{'policy':<12}{'ratio':>7}{'vs full':>9}{'hit rate':>10}{'stall ms/tok':>14}{'unused pf':>11}", file=out)
+    print(f"{'policy':<12}{'ratio':>7}{'vs full':>9}{'hit rate':>10}{'stall ms/tok':>14}{'copies/tok':>12}{'unused pf':>11}", file=out)
+    copy_bytes = shape.expert_bytes
     for row in rows:
         print(f"{row['policy']:<12}{row['cache_ratio']:>7.2f}{row['ratio_to_full']:>9.1%}{row['hit_rate']:>10.1%}"
-              f"{1000 * row['stall_seconds_per_token']:>14.3f}{row['unused_prefetch_fraction']:>11.1%}", file=out)
+              f"{1000 * row['stall_seconds_per_token']:>14.3f}{row['h2d_bytes_per_token'] / copy_bytes:>12.2f}"
+              f"{row['unused_prefetch_fraction']:>11.1%}", file=out)
+    for bound in bounds:
+        print(f"at most {bound.ratio_to_full:.1%} of full at ratio {bound.cache_ratio:.2f}: no policy copies fewer than "
+              f"{bound.copies_per_token:.2f} experts per decode token (Belady's MIN), each taking the link alone", file=out)
     return 0
 
 

@@ -11,7 +11,7 @@ import torch
 from seqmoe import Engine, Sampling, load_model
 from seqmoe.cli import main
 from seqmoe.policies import Policy
-from seqmoe.simulate import HARDWARE, SHAPES, simulate
+from seqmoe.simulate import HARDWARE, SHAPES, copy_bound, simulate
 from seqmoe.trace import Document, RoutingRecorder, Traces, trace_document
 
 PROMPT = [5, 17, 42, 99, 23, 64, 7, 88, 31, 12, 56, 77]
@@ -84,6 +84,9 @@ def test_simulate_command_reports_every_policy_and_ratio(traced: tuple[Path, Pat
         assert 0 < lru["ratio_to_full"] <= oracle["ratio_to_full"] + 1e-9 and oracle["ratio_to_full"] <= 1 + 1e-9
         assert lru["hit_rate"] <= oracle["hit_rate"]
     assert rows["lru", 0.4]["hit_rate"] <= rows["lru", 0.8]["hit_rate"]
+    bounds = {bound["cache_ratio"]: bound for bound in report["bounds"]}
+    assert bounds[0.4]["copy_bound_ratio_to_full"] >= rows["oracle", 0.4]["ratio_to_full"] - 1e-9
+    assert bounds[0.4]["min_copies_per_token"] >= bounds[0.8]["min_copies_per_token"]
 
 
 @pytest.mark.parametrize(("flags", "message"), [(["--cache-ratios", "0,0.5"], "above 0 and at most 1"),
@@ -92,3 +95,33 @@ def test_simulate_command_refuses_bad_flags(traced: tuple[Path, Path], capsys: p
                                             flags: list[str], message: str) -> None:
     status = main(["simulate", "--traces", str(traced[1]), "--policies", "lru", *flags])
     assert status == 2 and message in capsys.readouterr().err
+
+
+def _decode_only(sequence: list[int], experts: int) -> Traces:
+    """One document of decode tokens, one MoE layer, each token using one expert."""
+    tokens = len(sequence)
+    return Traces({"model": {}}, torch.zeros(tokens, 1, 4).half(), torch.tensor(sequence, dtype=torch.int16).view(-1, 1, 1),
+                  torch.zeros(tokens, 1, experts), torch.zeros(tokens, dtype=torch.int32), torch.ones(tokens, dtype=torch.uint8))
+
+
+def test_the_copy_bound_is_beladys_min() -> None:
+    # Two slots, A B C cycling: MIN misses the first two, then every second access (LRU all nine).
+    traces = _decode_only([0, 1, 2] * 3, experts=3)
+    hardware, shape = HARDWARE["rtx4090-pcie4"], SHAPES["olmoe"]
+    bound = copy_bound(traces, 0.67, hardware, shape)
+    assert bound.copies_per_token == pytest.approx(6 / 9)
+    copy = hardware.link_latency_s + shape.expert_bytes / hardware.link_bytes_per_s
+    assert bound.ratio_to_full == pytest.approx(shape.layer_bytes / hardware.memory_bytes_per_s / (6 / 9 * copy))
+    assert simulate(traces, "lru", 0.67, hardware, shape).h2d_bytes == 9 * shape.expert_bytes
+
+
+@pytest.mark.parametrize("policy", ["lru", "oracle"])
+def test_no_policy_copies_fewer_experts_than_the_bound(policy: str) -> None:
+    generator = torch.Generator().manual_seed(3)
+    traces = _decode_only(torch.randint(0, 12, (300,), generator=generator).tolist(), experts=12)
+    hardware, shape = HARDWARE["rtx4090-pcie4"], SHAPES["olmoe"]
+    for ratio in (0.25, 0.5):
+        result = simulate(traces, policy, ratio, hardware, shape)
+        bound = copy_bound(traces, ratio, hardware, shape)
+        assert result.h2d_bytes / shape.expert_bytes / result.decode_tokens >= bound.copies_per_token - 1e-9
+        assert result.as_dict()["ratio_to_full"] <= bound.ratio_to_full + 1e-9
