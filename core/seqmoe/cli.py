@@ -11,6 +11,7 @@ from pathlib import Path
 from .bench import DEFAULT_SETUP, SETUPS
 from .errors import SeqMoEError
 from .policies import POLICY_NAMES
+from .predictor.calibration import CALIBRATION_TOKENS
 from .simulate import HARDWARE, SHAPES, SIMULATED_POLICIES
 from .resources import demo_model_dir
 
@@ -82,7 +83,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(calibrate)
     calibrate.add_argument("--text", type=Path, help="calibration text (default: the one shipped in resources/)")
     calibrate.add_argument("--epochs", type=int, default=15)
+    calibrate.add_argument("--tokens", type=_positive, default=CALIBRATION_TOKENS,
+                           help=f"tokens to trace (default {CALIBRATION_TOKENS}); more take longer and predict better")
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a positive whole number, not {text!r}")
+    return value
 
 
 def add_text_arguments(parser: argparse.ArgumentParser) -> None:

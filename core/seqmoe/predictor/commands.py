@@ -160,7 +160,7 @@ def run_calibrate(engine: Engine, args: argparse.Namespace) -> int:
         bar.set_description(stage)
         bar.update(round(100 * fraction) - bar.n)
 
-    predictor, path = calibrate(engine.loaded, TrainingOptions(epochs=args.epochs), progress, args.text)
+    predictor, path = calibrate(engine.loaded, TrainingOptions(epochs=args.epochs), progress, args.text, args.tokens)
     bar.close()
     report = predictor.config.report
     print(f"calibrated in {report['seconds']:.0f} s of training: validation loss {report['validation_loss']:.4f}; "

@@ -85,13 +85,20 @@ def train_predictor(
     steps_per_epoch = math.ceil(train.numel() / options.batch_size)
     forecaster = [p for name, p in predictor.named_parameters() if not name.startswith("reuse.")]
     optimizer = torch.optim.AdamW(forecaster, lr=options.learning_rate, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(
-        optimizer, max_lr=options.learning_rate, total_steps=options.epochs * steps_per_epoch, pct_start=0.1
+    total_steps = options.epochs * steps_per_epoch
+    # One-cycle warm-up over a tenth of the steps, but ending after the first step and before the
+    # last (OneCycleLR divides by zero when it ends at step 0); too few steps for that: constant.
+    schedule = (
+        torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=options.learning_rate, total_steps=total_steps, pct_start=min(0.5, max(0.1, 2 / total_steps))
+        )
+        if total_steps >= 4
+        else None
     )
     initial_loss = validation_loss(predictor, positions, held, options.batch_size)
     best_loss, best_state, best_epoch, stale = initial_loss, None, 0, 0
     started = time.perf_counter()
-    bar = tqdm(total=options.epochs * steps_per_epoch, desc="train-predictor", disable=not progress, unit="step")
+    bar = tqdm(total=total_steps, desc="train-predictor", disable=not progress, unit="step")
     for epoch in range(1, options.epochs + 1):
         predictor.train()
         order = train[torch.randperm(train.numel())]
@@ -102,7 +109,8 @@ def train_predictor(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            schedule.step()
+            if schedule is not None:
+                schedule.step()
             running += loss.item()
             bar.update()
         train_loss = running / steps_per_epoch
