@@ -18,6 +18,7 @@ import textwrap
 import threading
 from dataclasses import dataclass, field
 
+from .bound import Access, CopyBound, copy_bound, fewest_copies
 from .engine import Engine, Sampling
 from .errors import SeqMoEError
 from .events import EventBuffer, LayerRouted
@@ -153,6 +154,14 @@ def full_speed(engine: Engine, prompts: list[list[int]], sampling: Sampling) -> 
     return Totals([engine.generate(p, sampling).stats for p in prompts])
 
 
+@dataclass
+class BenchResult:
+    rows: list[BenchRow]
+    bounds: list[CopyBound]
+    """Per cache ratio, what no policy passes on these prompts (``bound``) when a copy takes the
+    setup's ``copy_layers``; none on a real link."""
+
+
 def run_bench(
     engine: Engine,
     prompts: list[list[int]],
@@ -160,7 +169,7 @@ def run_bench(
     ratios: list[float],
     max_new_tokens: int,
     copy_layers: float | None = None,
-) -> list[BenchRow]:
+) -> BenchResult:
     """Every policy at every cache ratio over the same prompts. Each prompt's run is bracketed
     by two runs of ``full`` on the same prompt, the mean of which is its reference; with
     ``copy_layers`` (emulated link) the run before also sets the link, so that one expert
@@ -173,14 +182,17 @@ def run_bench(
     full = Totals([r.stats for r in reference])
     if not full.decode_tokens:
         raise SeqMoEError("every prompt's reply ended at its first token, so there is no decode to time; give other prompts")
-    rows = []
+    rows, bounds = [], []
     for ratio in ratios:
-        futures: list[list[tuple[int, frozenset[int]]]] | None = None
+        accesses = [record_accesses(engine, p, greedy, ratio) for p in prompts]
+        if copy_layers is not None:
+            counts = [fewest_copies(run, engine.cache_slots) for run in accesses]
+            copies, tokens = (sum(column) for column in zip(*counts))
+            bounds.append(copy_bound(ratio, copies, tokens, layers, copy_layers))
+        futures = [future_of(run) for run in accesses]
         for policy in policies:
             if policy == "full":
                 continue
-            if policy in ORACLES and futures is None:
-                futures = [record_future(engine, p, greedy, ratio) for p in prompts]
             totals, same, full_seconds, ran = Totals(), True, 0.0, []
             for index, prompt in enumerate(prompts):
                 before = full_speed(engine, [prompt], greedy)
@@ -188,7 +200,7 @@ def run_bench(
                     # A reply that ends at its first token has no decode to time: the link then
                     # follows full's speed over all prompts.
                     set_link(engine, before if before.decode_tokens else full, copy_layers)
-                future = futures[index] if futures is not None and policy in ORACLES else None
+                future = futures[index] if policy in ORACLES else None
                 engine.configure(policy, cache_ratio=ratio, future=future)
                 slots = engine.cache_slots
                 result = engine.generate(prompt, greedy)
@@ -206,7 +218,7 @@ def run_bench(
     engine.configure("full")
     rows.insert(0, BenchRow("full", 1.0, engine.cache_slots, full, 1.0, True))
     engine.close()
-    return rows
+    return BenchResult(rows, bounds)
 
 
 def event_stream_overhead(
@@ -247,13 +259,14 @@ def event_stream_overhead(
     }
 
 
-def record_future(engine: Engine, prompt_ids: list[int], sampling: Sampling, ratio: float) -> list[tuple[int, frozenset[int]]]:
-    """Every cache access of the greedy run at this cache size, for the oracle to know in advance."""
-    accesses: list[tuple[int, frozenset[int]]] = []
+def record_accesses(engine: Engine, prompt_ids: list[int], sampling: Sampling, ratio: float) -> list[Access]:
+    """Every cache access of the greedy run at this cache size (the accesses, like the tokens, are
+    the same under every policy): what the oracles know in advance and MIN is computed on."""
+    accesses: list[Access] = []
 
     def listen(event: object) -> None:
         if isinstance(event, LayerRouted):
-            accesses.append((event.layer, frozenset(event.experts)))
+            accesses.append(Access(event.layer, event.experts, not event.prefill))
 
     engine.configure("lru", cache_ratio=ratio)
     engine.events.subscribe(listen)
@@ -262,6 +275,11 @@ def record_future(engine: Engine, prompt_ids: list[int], sampling: Sampling, rat
     finally:
         engine.events.unsubscribe(listen)
     return accesses
+
+
+def future_of(accesses: list[Access]) -> list[tuple[int, frozenset[int]]]:
+    """Recorded accesses as the oracle policies take them."""
+    return [(a.layer, frozenset(a.experts)) for a in accesses]
 
 
 def format_table(rows: list[BenchRow]) -> str:
@@ -285,8 +303,9 @@ def _optional(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def plot(rows: list[BenchRow], path: str, title: str) -> None:
-    """Throughput relative to ``full`` against cache ratio, one line per policy (needs matplotlib)."""
+def plot(rows: list[BenchRow], bounds: list[CopyBound], path: str, title: str) -> None:
+    """Throughput relative to ``full`` against cache ratio, one line per policy, and the bound no
+    policy passes (needs matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -296,6 +315,9 @@ def plot(rows: list[BenchRow], path: str, title: str) -> None:
     for policy in dict.fromkeys(r.policy for r in rows if r.policy != "full"):
         points = sorted((r.cache_ratio, r.ratio_to_full) for r in rows if r.policy == policy)
         axes.plot(*zip(*points), marker="o", label=policy)
+    if bounds:
+        points = sorted((b.cache_ratio, b.ratio_to_full) for b in bounds)
+        axes.plot(*zip(*points), color="black", linestyle=":", marker="x", label="bound (Belady's MIN)")
     axes.axhline(1.0, color="grey", linestyle="--", label="full")
     axes.set_xlabel("cache ratio (experts on the device / all experts)")
     axes.set_ylabel("decode throughput relative to full")

@@ -194,9 +194,15 @@ def run_bench_command(args: argparse.Namespace) -> int:
     else:
         link_note = f"{engine.link} link" + (f" {engine.link_gbps} GB/s" if engine.link == "emulated" else "")
     overhead = event_stream_overhead(engine, prompts, ratios[0], args.max_new_tokens) if args.event_overhead else None
-    rows = run_bench(engine, prompts, policies, ratios, args.max_new_tokens, copy_layers)
+    result = run_bench(engine, prompts, policies, ratios, args.max_new_tokens, copy_layers)
+    rows = result.rows
     title = f"{engine.loaded.architecture}, {len(prompts)} prompts x {args.max_new_tokens} tokens; {link_note}"
-    report = {"model": engine.loaded.path.name, "link": link_note, "rows": [row.as_dict() for row in rows]}
+    report = {
+        "model": engine.loaded.path.name,
+        "link": link_note,
+        "rows": [row.as_dict() for row in rows],
+        "bounds": [bound.as_dict() for bound in result.bounds],
+    }
     if overhead is not None:
         report["event_stream"] = overhead
     if args.json:
@@ -204,6 +210,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     print(title, file=out)
     print(format_table(rows), file=out)
+    for bound in result.bounds:
+        print(bound.summary, file=out)
     if overhead is not None:
         print(
             f"event stream: {overhead['tokens_per_s_with_listener']:.2f} tok/s with a listener, "
@@ -212,7 +220,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
             file=out,
         )
     if args.plot:
-        plot(rows, str(args.plot), title)
+        plot(rows, result.bounds, str(args.plot), title)
     if not all(row.same_tokens for row in rows):
         print("seqmoe: error: a policy generated other tokens than full", file=sys.stderr)
         return 1
@@ -278,8 +286,7 @@ def run_simulate(args: argparse.Namespace) -> int:
               f"{1000 * row['stall_seconds_per_token']:>14.3f}{row['h2d_bytes_per_token'] / copy_bytes:>12.2f}"
               f"{row['unused_prefetch_fraction']:>11.1%}", file=out)
     for bound in bounds:
-        print(f"at most {bound.ratio_to_full:.1%} of full at ratio {bound.cache_ratio:.2f}: no policy copies fewer than "
-              f"{bound.copies_per_token:.2f} experts per decode token (Belady's MIN), each taking the link alone", file=out)
+        print(bound.summary, file=out)
     return 0
 
 

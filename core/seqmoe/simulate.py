@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from . import bound
+from .bound import Access, CopyBound, fewest_copies
 from .cache import ExpertCache
 from .events import EventBus
 from .policies import ORACLE_NEXT, ORACLES, LRUPolicy, OraclePolicy, Policy, SeqMoEPolicy
@@ -307,48 +309,14 @@ def cache_slots(traces: Traces, cache_ratio: float) -> int:
     return max(round(cache_ratio * layers * experts), traces.experts.shape[2] + 1)
 
 
-@dataclass(frozen=True)
-class CopyBound:
-    """What no policy can beat at one cache size: Belady's MIN over the replay."""
-
-    cache_ratio: float
-    copies_per_token: float
-    """Experts first copied for a decode step, per decode token: MIN makes the fewest misses of any
-    policy, and a prefetch only moves a copy earlier, it does not save one."""
-    ratio_to_full: float
-    """The decode speed those copies allow if every one overlapped compute: a token lasts at least
-    as long as its copies on the one link (up to the few copies that could overlap prefill)."""
-
-    def as_dict(self) -> dict[str, float]:
-        return {"cache_ratio": self.cache_ratio, "min_copies_per_token": self.copies_per_token, "copy_bound_ratio_to_full": self.ratio_to_full}
-
-
 def copy_bound(traces: Traces, cache_ratio: float, hardware: Hardware, shape: ModelShape) -> CopyBound:
-    """Belady's MIN on the replay: on a miss, evict the resident expert used again last."""
+    """The bound no policy passes on this replay (``bound``), on the virtual clock's costs."""
     slots = cache_slots(traces, cache_ratio)
-    steps = replay_steps(traces, slots)
-    uses: dict[ExpertKey, deque[int]] = {}
-    for position, step in enumerate(steps):
-        for expert in step.experts:
-            uses.setdefault((step.layer, expert), deque()).append(position)
-    never = len(steps)
-    resident: set[ExpertKey] = set()
-    copies = tokens = 0
-    for step in steps:
-        needed = {(step.layer, expert) for expert in step.experts}
-        for key in needed:
-            uses[key].popleft()
-        for key in needed - resident:
-            if len(resident) >= slots:
-                resident.remove(max(resident - needed, key=lambda k: uses[k][0] if uses[k] else never))
-            resident.add(key)
-            copies += step.token is not None
-        tokens += step.token is not None and step.layer == 0
-    per_token = copies / max(tokens, 1)
-    layers = traces.experts.shape[1]
-    compute = layers * shape.layer_bytes / hardware.memory_bytes_per_s
-    link = per_token * (hardware.link_latency_s + shape.expert_bytes / hardware.link_bytes_per_s)
-    return CopyBound(cache_ratio, per_token, compute / max(compute, link))
+    accesses = [Access(step.layer, step.experts, step.token is not None) for step in replay_steps(traces, slots)]
+    copies, tokens = fewest_copies(accesses, slots)
+    copy_seconds = hardware.link_latency_s + shape.expert_bytes / hardware.link_bytes_per_s
+    layer_seconds = shape.layer_bytes / hardware.memory_bytes_per_s
+    return bound.copy_bound(cache_ratio, copies, tokens, traces.experts.shape[1], copy_seconds / layer_seconds)
 
 
 def _policy(name: str, traces: Traces, steps: list[Step], predictor: ExpertPredictor | None) -> Policy:

@@ -43,6 +43,10 @@ def test_bench_reports_every_policy_and_ratio_with_identical_tokens(
     # Each run's link was set from full's speed just before it: a copy takes about the setup's 3.94 layers.
     assert all(row["copy_layers"] > 1.0 for row in rows[1:]) and rows[0]["copy_layers"] is None
     assert all(row["cache_slots"] < rows[0]["cache_slots"] for row in rows[1:])  # the policy's cache, not full's
+    # The bound no policy passes, from the prompts' recorded accesses at the setup's copy/compute ratio.
+    (bound,) = report["bounds"]
+    assert bound["cache_ratio"] == 0.5 and bound["min_copies_per_token"] >= 0 and 0 < bound["copy_bound_ratio_to_full"] <= 1
+    assert "Belady's MIN" in err
     stream = report["event_stream"]
     assert stream["events_per_token"] > 0 and stream["tokens_per_s_with_listener"] > 0
     assert "event stream:" in err and "oracle" in err
@@ -79,6 +83,9 @@ def test_a_reply_that_ends_at_its_first_token_is_benched_with_the_others(mixtral
     longer = next(p for p in others if len(engine.generate(p, Sampling(max_new_tokens=6)).token_ids) == 6)
     with pytest.raises(SeqMoEError, match="no decode to time"):
         run_bench(engine, [short], ["lru"], [0.5], 6, copy_layers=2.0)
-    full, lru = run_bench(engine, [short, longer], ["lru"], [0.5], 6, copy_layers=2.0)
+    result = run_bench(engine, [short, longer], ["lru"], [0.5], 6, copy_layers=2.0)
+    full, lru = result.rows
     assert lru.same_tokens and lru.totals.decode_tokens == 5
+    (bound,) = result.bounds
+    assert bound.copies_per_token <= lru.totals.total("decode_misses") / 5
     assert 0 < lru.ratio_to_full <= 1.5 and lru.copy_layers is not None

@@ -87,7 +87,7 @@ def test_full_policy_copies_nothing_and_hits_always(mixtral_dir: Path) -> None:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_predictive_policies_give_the_reference_tokens(tiny_models: dict[str, Path], family: str) -> None:
-    from seqmoe.bench import record_future
+    from seqmoe.bench import future_of, record_accesses
 
     greedy = Sampling(max_new_tokens=NEW_TOKENS)
     expected = reference_tokens(tiny_models[family], greedy)
@@ -95,7 +95,7 @@ def test_predictive_policies_give_the_reference_tokens(tiny_models: dict[str, Pa
     minimum = engine.geometry.minimum_slots / engine.geometry.total_experts
     try:
         for ratio in (0.5, minimum):
-            future = record_future(engine, PROMPT, greedy, ratio)
+            future = future_of(record_accesses(engine, PROMPT, greedy, ratio))
             for policy in ("gate", "seqmoe", "oracle", "oracle-next"):
                 engine.configure(policy, cache_ratio=ratio, future=future if policy.startswith("oracle") else None)
                 result = engine.generate(PROMPT, greedy)

@@ -11,6 +11,7 @@ import torch
 from seqmoe import Engine, Sampling, load_model
 from seqmoe.cli import main
 from seqmoe.policies import Policy
+from seqmoe.bound import Access, fewest_copies
 from seqmoe.simulate import HARDWARE, SHAPES, copy_bound, simulate
 from seqmoe.trace import Document, RoutingRecorder, Traces, trace_document
 
@@ -105,13 +106,14 @@ def _decode_only(sequence: list[int], experts: int) -> Traces:
 
 
 def test_the_copy_bound_is_beladys_min() -> None:
-    # Two slots, A B C cycling: MIN misses the first two, then every second access (LRU all nine).
+    # Two slots, A B C cycling: the first two fill the cache free, then MIN misses every second
+    # access (C, B, A, C: four); LRU misses all nine.
     traces = _decode_only([0, 1, 2] * 3, experts=3)
     hardware, shape = HARDWARE["rtx4090-pcie4"], SHAPES["olmoe"]
     bound = copy_bound(traces, 0.67, hardware, shape)
-    assert bound.copies_per_token == pytest.approx(6 / 9)
+    assert bound.copies_per_token == pytest.approx(4 / 9)
     copy = hardware.link_latency_s + shape.expert_bytes / hardware.link_bytes_per_s
-    assert bound.ratio_to_full == pytest.approx(shape.layer_bytes / hardware.memory_bytes_per_s / (6 / 9 * copy))
+    assert bound.ratio_to_full == pytest.approx(shape.layer_bytes / hardware.memory_bytes_per_s / (4 / 9 * copy))
     assert simulate(traces, "lru", 0.67, hardware, shape).h2d_bytes == 9 * shape.expert_bytes
 
 
@@ -125,3 +127,12 @@ def test_no_policy_copies_fewer_experts_than_the_bound(policy: str) -> None:
         bound = copy_bound(traces, ratio, hardware, shape)
         assert result.h2d_bytes / shape.expert_bytes / result.decode_tokens >= bound.copies_per_token - 1e-9
         assert result.as_dict()["ratio_to_full"] <= bound.ratio_to_full + 1e-9
+
+
+def test_each_reply_starts_the_bound_afresh_and_prefill_costs_nothing() -> None:
+    reply = [Access(0, (e,), True) for e in (0, 1, 2, 0, 1, 2)]
+    prompt = [Access(0, (3, 4), False)]
+    # Two slots, per reply: 0 and 1 load free, then 2 (evicting 1, used after 0) and 1 (evicting 0,
+    # not used again): 2 copies. The prompt between two replies counts nothing.
+    assert fewest_copies(reply, 2) == (2, 6)
+    assert fewest_copies(reply + prompt + reply, 2) == (4, 12)
