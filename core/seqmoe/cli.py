@@ -178,6 +178,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 2:
         raise SeqMoEError("--max-new-tokens must be at least 2: decode speed is timed from the second token on")
     texts = read_prompts(args.prompts) if args.prompts else BUILT_IN_PROMPTS
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401  (checked before a run of minutes, not after it)
+        except ImportError:
+            raise SeqMoEError("--plot needs matplotlib: pip install matplotlib (or the package's [bench] extra)") from None
     engine = load_engine(args)
     chat = bool(engine.loaded.tokenizer.chat_template)
     prompts = [engine.encode(text, chat=chat) for text in texts]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,15 @@ def test_bench_refuses_bad_flags_in_one_line(
     status = main(["bench", "--model", str(mixtral_dir), "--device", "cpu", *flags])
     err = capsys.readouterr().err
     assert status == 2 and message in err and "Traceback" not in err
+
+
+def test_a_plot_without_matplotlib_is_refused_before_the_run(
+    mixtral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    status = main(["bench", "--model", str(mixtral_dir), "--device", "cpu", "--plot", str(tmp_path / "p.png")])
+    out, err = capsys.readouterr()
+    assert status == 2 and "--plot needs matplotlib" in err and out == ""
 
 
 def test_a_reply_that_ends_at_its_first_token_is_benched_with_the_others(mixtral_dir: Path) -> None:
