@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 import sys
 from collections.abc import Sequence
@@ -26,9 +27,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .self_test import run_self_test
 
         return run_self_test(args.model)
+    problem = display_problem()
+    if problem:
+        print(f"seqmoe-chat: {problem}", file=sys.stderr)
+        return 1
     from .application import run_app
 
     return run_app(args.data_dir, args.model)
+
+
+def display_problem() -> str | None:
+    """Why the window cannot open, when that can be told before Qt tries: on X11, Qt 6.5 and
+    newer need libxcb-cursor, which many Linux desktops lack, and without it Qt aborts with a
+    message that does not say what to install."""
+    if not sys.platform.startswith("linux"):
+        return None
+    platform = os.environ.get("QT_QPA_PLATFORM", "")
+    on_x11 = platform.startswith("xcb") or (not platform and not os.environ.get("WAYLAND_DISPLAY"))
+    if not on_x11 or ctypes.util.find_library("xcb-cursor"):
+        return None
+    return (
+        "the window needs the X11 cursor library, which is not installed: install libxcb-cursor0 "
+        "(Debian, Ubuntu: sudo apt install libxcb-cursor0; Fedora: sudo dnf install xcb-util-cursor)"
+    )
 
 
 def _attach_console() -> None:
@@ -36,8 +57,6 @@ def _attach_console() -> None:
     prints there by attaching to the parent's console."""
     if sys.platform != "win32" or sys.stdout is not None:
         return
-    import ctypes
-
     if ctypes.windll.kernel32.AttachConsole(-1):  # -1: the parent process's console
         sys.stdout = open("CONOUT$", "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
         sys.stderr = open("CONOUT$", "w", encoding="utf-8")  # noqa: SIM115
