@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import ctypes.util
+import ctypes
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import cli
 
@@ -37,19 +38,38 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def display_problem() -> str | None:
-    """Why the window cannot open, when that can be told before Qt tries: on X11, Qt 6.5 and
-    newer need libxcb-cursor, which many Linux desktops lack, and without it Qt aborts with a
-    message that does not say what to install."""
+    """Why the window cannot open, when that can be told before Qt tries: on X11, Qt's platform
+    plugin needs system libraries (libxcb-cursor, -icccm, -keysyms, ...) that many Linux
+    systems lack, and without one Qt aborts with a message that does not say which."""
     if not sys.platform.startswith("linux"):
         return None
     platform = os.environ.get("QT_QPA_PLATFORM", "")
-    on_x11 = platform.startswith("xcb") or (not platform and not os.environ.get("WAYLAND_DISPLAY"))
-    if not on_x11 or ctypes.util.find_library("xcb-cursor"):
+    if not (platform.startswith("xcb") or (not platform and not os.environ.get("WAYLAND_DISPLAY"))):
         return None
-    return (
-        "the window needs the X11 cursor library, which is not installed: install libxcb-cursor0 "
-        "(Debian, Ubuntu: sudo apt install libxcb-cursor0; Fedora: sudo dnf install xcb-util-cursor)"
-    )
+    import PySide6
+
+    plugin = Path(PySide6.__file__).parent / "Qt" / "plugins" / "platforms" / "libqxcb.so"
+    if not plugin.is_file():
+        return None
+    try:
+        ctypes.CDLL(str(plugin))  # what Qt will load; the loader names the first library it lacks
+    except OSError as error:
+        missing = str(error).split(":", 1)[0]
+        if "cannot open shared object file" not in str(error):
+            return f"the window cannot open on X11: Qt's platform plugin does not load ({error})"
+        return (
+            f"the window cannot open on X11: the system library {missing} is not installed "
+            f"(Debian, Ubuntu: sudo apt install {debian_package(missing)})"
+        )
+    return None
+
+
+def debian_package(soname: str) -> str:
+    """Debian's name for the package of a shared library: libfoo.so.1 is in libfoo1, libfoo2.so.0
+    in libfoo2-0."""
+    name, _, version = soname.partition(".so.")
+    major = version.split(".")[0]
+    return f"{name}-{major}" if name[-1:].isdigit() else f"{name}{major}"
 
 
 def _attach_console() -> None:

@@ -1,39 +1,48 @@
-"""The entry point says what to install when the window cannot open, instead of Qt's abort."""
+"""The entry point names a missing system library when the window cannot open, instead of Qt's abort."""
 
 from __future__ import annotations
 
-import ctypes.util
+import ctypes
 
 import pytest
 
 from seqmoe_chat import main as entry
 
+LOADER_ERROR = "libxcb-icccm.so.4: cannot open shared object file: No such file or directory"
+
 
 @pytest.fixture
-def linux_without_xcb_cursor(monkeypatch: pytest.MonkeyPatch) -> None:
+def x11_lacking_icccm(monkeypatch: pytest.MonkeyPatch) -> None:
+    def cdll(path: str) -> None:
+        raise OSError(LOADER_ERROR)
+
     monkeypatch.setattr(entry.sys, "platform", "linux")
-    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(ctypes, "CDLL", cdll)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
     monkeypatch.delenv("QT_QPA_PLATFORM", raising=False)
 
 
-def test_a_missing_x11_cursor_library_is_named_and_the_app_does_not_start(
-    linux_without_xcb_cursor: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_a_missing_library_is_named_with_its_package_and_the_app_does_not_start(
+    x11_lacking_icccm: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import seqmoe_chat.application
 
     monkeypatch.setattr(seqmoe_chat.application, "run_app", lambda *args: pytest.fail("Qt would abort"))
     assert entry.main([]) == 1
-    assert "libxcb-cursor0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "libxcb-icccm.so.4 is not installed" in err and "sudo apt install libxcb-icccm4" in err
 
 
 @pytest.mark.parametrize(("variable", "value"), [("QT_QPA_PLATFORM", "offscreen"), ("WAYLAND_DISPLAY", "wayland-0")])
-def test_other_platforms_do_not_need_it(linux_without_xcb_cursor: None, monkeypatch: pytest.MonkeyPatch,
-                                        variable: str, value: str) -> None:
+def test_other_platforms_are_not_checked(x11_lacking_icccm: None, monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> None:
     monkeypatch.setenv(variable, value)
     assert entry.display_problem() is None
 
 
-def test_with_the_library_nothing_is_said(monkeypatch: pytest.MonkeyPatch, linux_without_xcb_cursor: None) -> None:
-    monkeypatch.setattr(ctypes.util, "find_library", lambda name: f"lib{name}.so.0")
-    assert entry.display_problem() is None
+@pytest.mark.parametrize(
+    ("soname", "package"),
+    [("libxcb-icccm.so.4", "libxcb-icccm4"), ("libxcb-cursor.so.0", "libxcb-cursor0"), ("libxkbcommon-x11.so.0", "libxkbcommon-x11-0"),
+     ("libxcb-render-util.so.0.0.0", "libxcb-render-util0")],
+)
+def test_debian_package_names(soname: str, package: str) -> None:
+    assert entry.debian_package(soname) == package
