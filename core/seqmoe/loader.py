@@ -350,9 +350,10 @@ def _router_beside(block: nn.Module, experts_module: nn.Module, experts: int, hi
             continue
         weight = getattr(module, "weight", None)
         if isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.shape[1] == hidden and weight.shape[0] >= experts:
-            # Exactly one row per expert first; then a router that appends its shared experts'
-            # gates after the routed ones (Inkling); the shallowest module within each.
-            candidates.append((weight.shape[0] != experts, name.count("."), module))
+            # Exactly one row per expert first; else the fewest rows beyond them, as a router that
+            # appends its shared experts' gates after the routed ones (Inkling) has, where a
+            # shared expert's projection has its hidden width; then the shallowest module.
+            candidates.append((weight.shape[0] - experts, name.count("."), module))
     if not candidates:
         raise SeqMoEError(f"cannot find the router of {type(block).__name__} (a weight of shape ({experts}, {hidden}))")
     module = min(candidates, key=lambda c: c[:2])[2]

@@ -60,8 +60,10 @@ def test_a_router_with_shared_expert_gates_after_the_routed_ones_gives_the_route
     assert torch.allclose(router.logits(hidden), block.gates[0](hidden)[:, :4])
 
 
-def test_a_weight_of_exactly_one_row_per_expert_is_preferred() -> None:
+def test_a_weight_of_exactly_one_row_per_expert_is_preferred_then_the_fewest_rows_beyond() -> None:
     block = _Block([6, 4])
+    assert find_routers(_loaded(block))[0].module is block.gates[1]
+    block = _Block([16, 6])  # a shared expert's projection beside a router with two shared-expert gates
     assert find_routers(_loaded(block))[0].module is block.gates[1]
 
 
