@@ -18,7 +18,7 @@ import textwrap
 import threading
 from dataclasses import dataclass, field
 
-from .bound import Access, CopyBound, copy_bound, fewest_copies
+from .bound import Access, CopyBound, fewest_copies
 from .engine import Engine, Sampling
 from .errors import SeqMoEError
 from .events import EventBuffer, LayerRouted
@@ -188,7 +188,7 @@ def run_bench(
         if copy_layers is not None:
             counts = [fewest_copies(run, engine.cache_slots) for run in accesses]
             copies, tokens = (sum(column) for column in zip(*counts))
-            bounds.append(copy_bound(ratio, copies, tokens, layers, copy_layers))
+            bounds.append(CopyBound.of(ratio, copies, tokens, layers, copy_layers))
         futures = [future_of(run) for run in accesses]
         for policy in policies:
             if policy == "full":

@@ -37,6 +37,13 @@ class CopyBound:
     ratio_to_full: float
     """The decode speed those copies allow if every one overlapped compute."""
 
+    @classmethod
+    def of(cls, cache_ratio: float, copies: int, tokens: int, num_layers: int, copy_layers: float) -> CopyBound:
+        """The bound of ``copies`` over ``tokens`` decode tokens when one copy takes ``copy_layers``
+        layers of decode compute."""
+        per_token = copies / max(tokens, 1)
+        return cls(cache_ratio, per_token, min(1.0, num_layers / (per_token * copy_layers)) if per_token else 1.0)
+
     @property
     def summary(self) -> str:
         return (f"at most {self.ratio_to_full:.1%} of full at cache ratio {self.cache_ratio:.2f}: no policy copies fewer "
@@ -87,10 +94,3 @@ def _min_misses(accesses: Sequence[Access], slots: int) -> int:
                 misses += 1
             resident.add(key)
     return misses
-
-
-def copy_bound(cache_ratio: float, copies: int, tokens: int, num_layers: int, copy_layers: float) -> CopyBound:
-    """The bound of ``copies`` over ``tokens`` decode tokens when one copy takes ``copy_layers``
-    layers of decode compute."""
-    per_token = copies / max(tokens, 1)
-    return CopyBound(cache_ratio, per_token, min(1.0, num_layers / (per_token * copy_layers)) if per_token else 1.0)

@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import bound
 from .bound import Access, CopyBound, fewest_copies
 from .cache import ExpertCache
 from .events import EventBus
@@ -316,7 +315,7 @@ def copy_bound(traces: Traces, cache_ratio: float, hardware: Hardware, shape: Mo
     copies, tokens = fewest_copies(accesses, slots)
     copy_seconds = hardware.link_latency_s + shape.expert_bytes / hardware.link_bytes_per_s
     layer_seconds = shape.layer_bytes / hardware.memory_bytes_per_s
-    return bound.copy_bound(cache_ratio, copies, tokens, traces.experts.shape[1], copy_seconds / layer_seconds)
+    return CopyBound.of(cache_ratio, copies, tokens, traces.experts.shape[1], copy_seconds / layer_seconds)
 
 
 def _policy(name: str, traces: Traces, steps: list[Step], predictor: ExpertPredictor | None) -> Policy:
