@@ -4,10 +4,10 @@ Each conversation becomes one paragraph of alternating user/assistant lines, cut
 user turn (the format `seqmoe trace --chat` reads), so tracing covers both the prefill of
 the history and the greedy continuation of the assistant's reply. Calibration text comes
 from the test split, held-out text from the validation split: no conversation is in both.
-``--predictor-text FILE`` also writes every test-split conversation (cut elsewhere), once for
-each of its user turns: the text the bundled demo predictor was trained on (not shipped: 690 KB,
-made from the corpus). Every turn is a reply to learn from, and the reuse forecast learns only
-from replies.
+``--predictor-text FILE`` also writes every test-split conversation (cut elsewhere): the text
+the bundled demo predictor was trained on, traced with ``seqmoe trace --chat --every-turn`` (not
+shipped: made from the corpus). Every turn is a reply to learn from, and the reuse forecast
+learns only from replies.
 
     python tools/make_calibration_text.py [--data ../shared/data/corpus] [--predictor-text FILE]
 """
@@ -33,16 +33,15 @@ def conversations(csv_file: Path) -> list[list[str]]:
     return result
 
 
-def paragraphs(convs: list[list[str]], count: int, seed: int, every_user_turn: bool = False) -> str:
-    """``count`` conversations, each cut after a random user turn; with ``every_user_turn``, a
-    paragraph for each of its user turns up to that one (the assistant answers each in turn)."""
+def paragraphs(convs: list[list[str]], count: int, seed: int) -> str:
+    """``count`` conversations, each cut after a random user turn."""
     rng = random.Random(seed)
     chosen = rng.sample(convs, min(count, len(convs)))
     out = []
     for turns in chosen:
         # An odd number of turns ends with the user's line, leaving the assistant to answer.
         cut = rng.randrange(1, min(len(turns), 13) + 1, 2)
-        out.extend("\n".join(turns[:end]) for end in (range(1, cut + 1, 2) if every_user_turn else [cut]))
+        out.append("\n".join(turns[:cut]))
     return "\n\n".join(out) + "\n"
 
 
@@ -58,7 +57,7 @@ def main() -> None:
     (out / "chat.txt").write_text(paragraphs(test, 300, 1))
     (out / "heldout-chat.txt").write_text(paragraphs(conversations(source / "Synthetic-Persona-Chat_valid.csv"), 120, 2))
     if args.predictor_text:
-        args.predictor_text.write_text(paragraphs(test, len(test), 3, every_user_turn=True))
+        args.predictor_text.write_text(paragraphs(test, len(test), 3))
 
 
 if __name__ == "__main__":

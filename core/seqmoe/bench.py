@@ -183,8 +183,10 @@ def run_bench(
     if not full.decode_tokens:
         raise SeqMoEError("every prompt's reply ended at its first token, so there is no decode to time; give other prompts")
     rows, bounds = [], []
+    # One recording per prompt and ratio serves the bound and the oracles; neither, none.
+    record = copy_layers is not None or any(policy in ORACLES for policy in policies)
     for ratio in ratios:
-        accesses = [record_accesses(engine, p, greedy, ratio) for p in prompts]
+        accesses = [record_accesses(engine, p, greedy, ratio) for p in prompts] if record else []
         if copy_layers is not None:
             counts = [fewest_copies(run, engine.cache_slots) for run in accesses]
             copies, tokens = (sum(column) for column in zip(*counts))

@@ -11,6 +11,7 @@ token's copies while its layers compute.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,17 +62,11 @@ def fewest_copies(accesses: Sequence[Access], slots: int) -> tuple[int, int]:
     """(copies, decode tokens) of MIN with ``slots`` slots on each run of consecutive decode
     accesses, the first ``slots`` experts loaded free; a decode token is a decode access of layer 0."""
     copies = tokens = 0
-    start = 0
-    while start < len(accesses):
-        if not accesses[start].decode:
-            start += 1
-            continue
-        end = start
-        while end < len(accesses) and accesses[end].decode:
-            end += 1
-        copies += _min_misses(accesses[start:end], slots)
-        tokens += sum(access.layer == 0 for access in accesses[start:end])
-        start = end
+    for decode, group in itertools.groupby(accesses, key=lambda access: access.decode):
+        if decode:
+            reply = list(group)
+            copies += _min_misses(reply, slots)
+            tokens += sum(access.layer == 0 for access in reply)
     return copies, tokens
 
 

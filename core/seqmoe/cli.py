@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(trace)
     add_text_arguments(trace)
     trace.add_argument("--out", type=Path, required=True, help="folder for the trace shards and manifest")
+    trace.add_argument("--every-turn", action="store_true",
+                       help="with --chat, trace each conversation once per user turn (the model replies to every turn)")
 
     train = commands.add_parser("train-predictor", help="train the SeqMoE predictor on routing traces")
     train.add_argument("--traces", type=Path, required=True)

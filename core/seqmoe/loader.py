@@ -345,8 +345,9 @@ def find_routers(loaded: LoadedModel) -> list[Router]:
 
 def _router_beside(block: nn.Module, experts_module: nn.Module, experts: int, hidden: int) -> Router:
     candidates = []
+    inside_experts = {id(module) for module in experts_module.modules()}
     for name, module in block.named_modules():
-        if module is experts_module or _inside(module, experts_module):
+        if id(module) in inside_experts:
             continue
         weight = getattr(module, "weight", None)
         if isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.shape[1] == hidden and weight.shape[0] >= experts:
@@ -360,7 +361,3 @@ def _router_beside(block: nn.Module, experts_module: nn.Module, experts: int, hi
     bias = getattr(module, "bias", None)
     bias = bias if isinstance(bias, torch.Tensor) and bias.dim() == 1 and bias.shape[0] == module.weight.shape[0] else None
     return Router(module, module.weight, bias, experts)
-
-
-def _inside(module: nn.Module, ancestor: nn.Module) -> bool:
-    return any(module is m for m in ancestor.modules())

@@ -145,6 +145,16 @@ def test_every_turn_makes_a_document_of_the_conversation_up_to_each_user_turn() 
     ]
 
 
+def test_trace_every_turn_replies_to_each_user_turn(traced: tuple[Path, Path], tmp_path: Path) -> None:
+    model, once = traced
+    text = tmp_path / "chat.txt"
+    text.write_text(CHAT_TEXT)
+    out = tmp_path / "every-turn"
+    assert main(["trace", "--model", str(model), "--text", str(text), "--chat", "--every-turn", "--continuation", "6",
+                 "--out", str(out), "--device", "cpu"]) == 0
+    assert read_traces(once).manifest["documents"] == 12 and read_traces(out).manifest["documents"] == 24
+
+
 def test_calibration_traces_a_reply_to_every_user_turn_within_its_budget(tiny_models: dict[str, Path]) -> None:
     from seqmoe.predictor.calibration import collect_traces
 

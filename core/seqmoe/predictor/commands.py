@@ -40,7 +40,7 @@ def _read_text(args: argparse.Namespace) -> str:
 def run_trace(engine: Engine, args: argparse.Namespace) -> int:
     loaded = engine.loaded
     tokenize = chat_tokenizer(loaded) if args.chat else plain_tokenizer(loaded)
-    documents = read_documents(_read_text(args), tokenize)
+    documents = read_documents(_read_text(args), tokenize, args.every_turn and args.chat)
     bar = tqdm(total=args.max_tokens, desc="trace", unit="tok")
     records = iter_traces(loaded, documents, args.continuation, args.max_tokens, bar.update)
     manifest = write_traces(args.out, model_identity(loaded), records)
