@@ -18,7 +18,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    Mxfp4Config,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+)
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from .errors import ModelRefused, SeqMoEError
@@ -29,6 +36,11 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEQUANTIZED_ON_LOAD = {"mxfp4": Mxfp4Config(dequantize=True)}
+"""Quantized checkpoint formats that transformers turns into plain weights while loading (gpt-oss
+ships MXFP4 experts), and the loading option that asks for it: the engine copies and computes
+plain expert tensors, and without it transformers would swap in its own quantized experts
+module or demand packages (accelerate, kernels) only for that."""
 
 
 @dataclass
@@ -145,6 +157,12 @@ def check_supported(config: PretrainedConfig) -> nn.Module:
     except (ValueError, KeyError) as error:
         raise ModelRefused(f"{type(config).__name__} is not a causal language model: {_first_line(error)}") from None
     architecture = type(skeleton).__name__
+    method = quantization_method(config)
+    if method is not None and method not in DEQUANTIZED_ON_LOAD:
+        raise ModelRefused(
+            f"this {architecture} checkpoint is stored {method}-quantized; seqmoe offloads unquantized experts "
+            f"(or {', '.join(DEQUANTIZED_ON_LOAD)}, which it dequantizes): use the model's bf16 release"
+        )
     if find_experts(skeleton):
         return skeleton
     text = config.get_text_config()
@@ -155,6 +173,15 @@ def check_supported(config: PretrainedConfig) -> nn.Module:
             "seqmoe cannot offload it"
         )
     raise ModelRefused(f"{architecture} is not a Mixture-of-Experts model; seqmoe offloads MoE experts only")
+
+
+def quantization_method(config: PretrainedConfig) -> str | None:
+    """How the checkpoint's weights are quantized (``quant_method``), or ``None`` for plain weights."""
+    quantization = getattr(config, "quantization_config", None)
+    if quantization is None:
+        return None
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else getattr(quantization, "quant_method", None)
+    return str(getattr(method, "value", method) or "unknown")
 
 
 def check_weights(path: Path) -> list[Path]:
@@ -244,11 +271,13 @@ def load_model(model: str, device: str = "auto", dtype: str | None = None, on_pr
     tokenizer = load_tokenizer(path)
     top_k = top_k_of(config)
     progress("Loading the weights", 0.15)
+    method = quantization_method(config)
+    options = {"quantization_config": DEQUANTIZED_ON_LOAD[method]} if method is not None else {}
     try:
         hf_model, info = AutoModelForCausalLM.from_pretrained(
-            path, dtype=DTYPES[dtype] if dtype else "auto", trust_remote_code=False, output_loading_info=True
+            path, dtype=DTYPES[dtype] if dtype else "auto", trust_remote_code=False, output_loading_info=True, **options
         )
-    except (OSError, ValueError, RuntimeError) as error:
+    except (OSError, ValueError, RuntimeError, ImportError) as error:
         raise ModelRefused(f"loading the weights of {path.name} failed: {_first_line(error)}") from None
     if info["missing_keys"]:
         missing = sorted(info["missing_keys"])

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -89,6 +91,27 @@ def build_model(folder: Path, config: transformers.PretrainedConfig, seed: int =
             param.normal_(0.0, 0.2)
     model.save_pretrained(folder)
     save_tokenizer(folder)
+    return folder
+
+
+def store_experts_as_mxfp4(folder: Path, seed: int = 0) -> Path:
+    """Rewrite a saved gpt-oss checkpoint's experts as openai/gpt-oss-20b ships them: MXFP4
+    blocks (two 4-bit values a byte, 32 a block) and one power-of-two scale a block (random)."""
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, tensor in load_file(str(folder / "model.safetensors")).items():
+        if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            tensors[name] = tensor
+            continue
+        experts, inputs, outputs = tensor.shape
+        shape = (experts, outputs, inputs // 32)
+        tensors[f"{name}_blocks"] = torch.randint(0, 256, (*shape, 16), generator=generator, dtype=torch.uint8)
+        tensors[f"{name}_scales"] = torch.randint(122, 128, shape, generator=generator, dtype=torch.uint8)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
+                                     "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (folder / "config.json").write_text(json.dumps(config))
     return folder
 
 

@@ -6,18 +6,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, Mxfp4Config
 
 from seqmoe import Engine, Sampling, load_model
 
-from .conftest import FAMILIES
+from .conftest import FAMILIES, build_model, store_experts_as_mxfp4
 
 PROMPT = [5, 17, 42, 99, 23, 64, 7, 88, 31, 12, 56, 77]
 NEW_TOKENS = 12
 
 
-def reference_tokens(folder: Path, sampling: Sampling) -> list[int]:
-    model = AutoModelForCausalLM.from_pretrained(folder)
+def reference_tokens(folder: Path, sampling: Sampling, **options: object) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(folder, **options)
     inputs = torch.tensor([PROMPT])
     if sampling.seed is not None:
         torch.manual_seed(sampling.seed)
@@ -102,5 +102,21 @@ def test_predictive_policies_give_the_reference_tokens(tiny_models: dict[str, Pa
                 assert result.token_ids == expected, f"{family} {policy} at cache ratio {ratio:.2f}"
                 if ratio == 0.5:
                     assert result.stats.prefetch_issued > 0, policy
+    finally:
+        engine.close()
+
+
+def test_an_mxfp4_checkpoint_runs_dequantized(tmp_path: Path) -> None:
+    """gpt-oss ships MXFP4 experts: they are dequantized on load (no accelerate or kernels
+    needed) and offloaded like any others, with transformers' own dequantized model's tokens."""
+    folder = store_experts_as_mxfp4(build_model(tmp_path / "gpt-oss-mxfp4", FAMILIES["gpt_oss"]))
+    greedy = Sampling(max_new_tokens=NEW_TOKENS)
+    expected = reference_tokens(folder, greedy, quantization_config=Mxfp4Config(dequantize=True))
+    engine = Engine(load_model(str(folder), device="cpu"))
+    try:
+        assert not engine.loaded.config.to_dict().get("quantization_config")
+        for policy in ("lru", "gate"):
+            engine.configure(policy, cache_ratio=0.5)
+            assert engine.generate(PROMPT, greedy).token_ids == expected, policy
     finally:
         engine.close()

@@ -89,6 +89,17 @@ def test_shipped_code_for_a_built_in_architecture_is_ignored(mixtral_dir: Path, 
     assert not marker.exists()
 
 
+def test_a_quantization_it_cannot_undo_is_refused_before_the_weights(
+    capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path
+) -> None:
+    folder = copy_model(mixtral_dir, tmp_path / "fp8")
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").unlink()  # refused from the config alone, as before a download
+    assert_refused(capsys, folder, "fp8-quantized", "bf16 release")
+
+
 def test_missing_weights(capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path) -> None:
     folder = copy_model(mixtral_dir, tmp_path / "noweights")
     (folder / "model.safetensors").unlink()
