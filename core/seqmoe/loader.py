@@ -29,9 +29,9 @@ from transformers import (
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from .errors import ModelRefused, SeqMoEError
+from .hub_files import IN_A_FOLDER, INDEX_FILE, SMALL_PATTERNS, WEIGHT_PATTERN, index_shards
 from .store import HostStore, expert_parameters
 
-DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k")
@@ -94,7 +94,11 @@ def _download(repo_id: str) -> Path:
     )
 
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=DOWNLOAD_PATTERNS))
+        # The configs and the index first: the weights are the files the index names (see ``hub_files``).
+        small = Path(snapshot_download(repo_id, allow_patterns=list(SMALL_PATTERNS), ignore_patterns=IN_A_FOLDER))
+        index = small / INDEX_FILE
+        weights = sorted(index_shards(_json_or_empty(index))) if index.is_file() else [WEIGHT_PATTERN]
+        return Path(snapshot_download(repo_id, allow_patterns=weights, ignore_patterns=IN_A_FOLDER))
     except GatedRepoError:
         raise ModelRefused(
             f"{repo_id} is gated: accept its licence on the hub, then log in with `hf auth login`"

@@ -1,22 +1,15 @@
-"""Which files of a hub repository make up a model the engine can load, and their sizes.
-
-The engine's download patterns decide (safetensors, JSON and tokenizer files), with two
-restrictions: only files at the top of the repository (``gpt-oss`` keeps a second copy
-of its weights in ``original/``), and, when the repository has a safetensors index, only
-the shards the index names (Mistral repositories also carry ``consolidated.safetensors``).
-"""
+"""The files of a hub repository that the engine's rules choose (``seqmoe.hub_files``), with
+their sizes, so the app can show and check them before it downloads."""
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-INDEX_FILE = "model.safetensors.index.json"
-DOWNLOAD_PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja")
-"""``seqmoe.loader.DOWNLOAD_PATTERNS`` (a test keeps them equal). Not imported from there:
-importing the engine loads PyTorch, and a download process must start in a blink."""
+from seqmoe.hub_files import INDEX_FILE, index_shards, is_wanted
+
+__all__ = ["INDEX_FILE", "RemoteFile", "download_set", "remote_files", "total_size"]
 
 
 @dataclass(frozen=True)
@@ -36,15 +29,6 @@ def remote_files(siblings: Iterable[Any]) -> dict[str, RemoteFile]:
         s.rfilename: RemoteFile(s.rfilename, int(s.size or 0), s.lfs.sha256 if s.lfs is not None else None)
         for s in siblings
     }
-
-
-def is_wanted(path: str) -> bool:
-    return "/" not in path and any(fnmatch.fnmatch(path, pattern) for pattern in DOWNLOAD_PATTERNS)
-
-
-def index_shards(index: dict[str, Any]) -> set[str]:
-    weight_map = index.get("weight_map")
-    return set(weight_map.values()) if isinstance(weight_map, dict) else set()
 
 
 def download_set(files: dict[str, RemoteFile], index: dict[str, Any] | None) -> list[RemoteFile]:

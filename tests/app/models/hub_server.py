@@ -88,6 +88,9 @@ class _Handler(BaseHTTPRequestHandler):
         info = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
         if info:
             return self._model_info(info[1])
+        tree = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)", path)
+        if tree:
+            return self._tree(tree[1])
         resolve = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
         if resolve:
             return self._file(resolve[1], resolve[3], body)
@@ -106,13 +109,20 @@ class _Handler(BaseHTTPRequestHandler):
         if repo is None:
             return self._error(404, "RepoNotFound", f"Repository Not Found for {repo_id}")
         siblings = []
-        for name, data in repo.files.items():
-            sibling = {"rfilename": name, "size": len(data), "blobId": hashlib.sha1(data).hexdigest()}
-            if name.endswith(".safetensors"):
-                sibling["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+        for entry in _entries(repo):
+            sibling = {"rfilename": entry["path"], "size": entry["size"], "blobId": entry["oid"]}
+            if "lfs" in entry:
+                sibling["lfs"] = {"sha256": entry["lfs"]["oid"], "size": entry["size"], "pointerSize": 134}
             siblings.append(sibling)
         self._json({"id": repo_id, "sha": repo.commit, "gated": "manual" if repo.gated else False, "private": False,
                     "siblings": siblings, "cardData": {"license": "apache-2.0"}, "tags": []})
+
+    def _tree(self, repo_id: str) -> None:
+        """Every file of the repository (as ``snapshot_download`` lists it, recursively, in one page)."""
+        repo = self.hub.repos.get(repo_id)
+        if repo is None:
+            return self._error(404, "RepoNotFound", f"Repository Not Found for {repo_id}")
+        self._json([{"type": "file", **entry} for entry in _entries(repo)])
 
     def _file(self, repo_id: str, name: str, body: bool) -> None:
         repo = self.hub.repos.get(repo_id)
@@ -178,3 +188,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _error(self, status: int, code: str | None, message: str) -> None:
         headers = {"X-Error-Code": code} if code else {}
         self._json({"error": message}, status, {**headers, "X-Error-Message": message})
+
+
+def _entries(repo: Repo) -> list[dict[str, object]]:
+    """Each file as the hub's tree lists it: path, size, git blob id and, for weights (stored with
+    Git LFS), the LFS object (its ``oid`` is the sha256)."""
+    entries = []
+    for name, data in repo.files.items():
+        entry: dict[str, object] = {"path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+        if name.endswith(".safetensors"):
+            entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+        entries.append(entry)
+    return entries

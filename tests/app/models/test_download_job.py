@@ -44,14 +44,6 @@ def test_too_little_disk_space_is_refused_before_any_weight(hub, tmp_path: Path,
     assert not hub.file_requests(".safetensors")
 
 
-def test_the_download_patterns_are_the_loaders() -> None:
-    from seqmoe.loader import DOWNLOAD_PATTERNS
-
-    from seqmoe_chat.models.repo_files import DOWNLOAD_PATTERNS as APP_PATTERNS
-
-    assert list(APP_PATTERNS) == list(DOWNLOAD_PATTERNS)
-
-
 def test_only_top_level_files_and_the_indexed_shards_are_chosen() -> None:
     from seqmoe_chat.models.repo_files import RemoteFile, download_set
 

@@ -1,0 +1,33 @@
+"""Which files of a Hugging Face hub repository make up a model the engine loads.
+
+The loader's file types (safetensors weights, JSON configs, tokenizer files, chat
+templates), with two restrictions: only files at the top of the repository (``gpt-oss``
+keeps a second copy of its weights in ``original/``), and, when the repository has a
+safetensors index, only the shards the index names (Mistral repositories also carry
+``consolidated.safetensors``). The engine's download and the app's (which shows sizes
+first) both choose by these rules. No PyTorch here: the app imports it in a blink.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+INDEX_FILE = "model.safetensors.index.json"
+WEIGHT_PATTERN = "*.safetensors"
+SMALL_PATTERNS = ("*.json", "*.model", "*.txt", "*.tiktoken", "*.jinja")
+"""Configs and tokenizer files: everything but the weights."""
+DOWNLOAD_PATTERNS = (*SMALL_PATTERNS, WEIGHT_PATTERN)
+IN_A_FOLDER = "*/*"
+"""Matches any file below the top of a repository (``fnmatch``'s ``*`` crosses ``/``)."""
+
+
+def is_wanted(path: str) -> bool:
+    """Whether a file at ``path`` in the repository is of a type the loader reads, at the top."""
+    return not fnmatch.fnmatch(path, IN_A_FOLDER) and any(fnmatch.fnmatch(path, pattern) for pattern in DOWNLOAD_PATTERNS)
+
+
+def index_shards(index: dict[str, Any]) -> set[str]:
+    """The weight files a safetensors index names."""
+    weight_map = index.get("weight_map")
+    return set(weight_map.values()) if isinstance(weight_map, dict) else set()
