@@ -36,9 +36,9 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEQUANTIZED_ON_LOAD = {"mxfp4": Mxfp4Config(dequantize=True)}
+DEQUANTIZED_ON_LOAD: dict[str, Callable[[], object]] = {"mxfp4": lambda: Mxfp4Config(dequantize=True)}
 """Quantized checkpoint formats that transformers turns into plain weights while loading (gpt-oss
-ships MXFP4 experts), and the loading option that asks for it: the engine copies and computes
+ships MXFP4 experts), and the loading option that asks for it (made afresh for each load): the engine copies and computes
 plain expert tensors, and without it transformers would swap in its own quantized experts
 module or demand packages (accelerate, kernels) only for that."""
 
@@ -190,7 +190,7 @@ def quantization_method(config: PretrainedConfig) -> str | None:
 
 def check_weights(path: Path) -> list[Path]:
     """The safetensors files of the checkpoint, refused if any is missing or truncated."""
-    index = path / "model.safetensors.index.json"
+    index = path / INDEX_FILE
     if index.is_file():
         shards = sorted(set(_json_or_empty(index).get("weight_map", {}).values()))
         files = [path / shard for shard in shards]
@@ -276,7 +276,7 @@ def load_model(model: str, device: str = "auto", dtype: str | None = None, on_pr
     top_k = top_k_of(config)
     progress("Loading the weights", 0.15)
     method = quantization_method(config)
-    options = {"quantization_config": DEQUANTIZED_ON_LOAD[method]} if method is not None else {}
+    options = {"quantization_config": DEQUANTIZED_ON_LOAD[method]()} if method is not None else {}
     try:
         hf_model, info = AutoModelForCausalLM.from_pretrained(
             path, dtype=DTYPES[dtype] if dtype else "auto", trust_remote_code=False, output_loading_info=True, **options
