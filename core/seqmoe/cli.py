@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--max-new-tokens", type=int, default=128)
     sampling = generate.add_mutually_exclusive_group()
     sampling.add_argument("--greedy", action="store_true", help="greedy decoding (the default)")
-    sampling.add_argument("--temperature", type=float, help="sample at this temperature")
+    sampling.add_argument("--temperature", type=float, help="sample at this temperature (0: greedy)")
     generate.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (with --temperature)")
     generate.add_argument("--seed", type=int, help="random seed for sampling")
     generate.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -57,9 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train-predictor", help="train the SeqMoE predictor on routing traces")
     train.add_argument("--traces", type=Path, required=True)
     train.add_argument("--out", type=Path, required=True, help="predictor file (.safetensors; a .json config goes beside it)")
-    train.add_argument("--horizon", type=int, default=8, help="how many MoE layers ahead to forecast")
-    train.add_argument("--epochs", type=int, default=15)
-    train.add_argument("--width", type=int, default=192, help="the predictor's model width")
+    train.add_argument("--horizon", type=_positive, default=8, help="how many MoE layers ahead to forecast")
+    train.add_argument("--epochs", type=_positive, default=15)
+    train.add_argument("--width", type=_positive, default=192, help="the predictor's model width")
 
     evaluate = commands.add_parser("eval-predictor", help="forecast quality of the predictor and the baselines")
     add_model_arguments(evaluate)
@@ -84,27 +84,35 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate = commands.add_parser("calibrate", help="trace the calibration text and train this model's predictor")
     add_model_arguments(calibrate)
     calibrate.add_argument("--text", type=Path, help="calibration text (default: the one shipped in resources/)")
-    calibrate.add_argument("--epochs", type=int, default=15)
+    calibrate.add_argument("--epochs", type=_positive, default=15)
     calibrate.add_argument("--tokens", type=_positive, default=CALIBRATION_TOKENS,
                            help=f"tokens to trace (default {CALIBRATION_TOKENS}); more take longer and predict better")
     return parser
 
 
 def _positive(text: str) -> int:
+    return _whole_at_least(text, 1, "a positive whole number")
+
+
+def _whole(text: str) -> int:
+    return _whole_at_least(text, 0, "a whole number, 0 or more")
+
+
+def _whole_at_least(text: str, least: int, expected: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a positive whole number, not {text!r}")
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{expected}, not {text!r}")
     return value
 
 
 def add_text_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text", type=Path, required=True, help="UTF-8 text; blank lines separate documents")
     parser.add_argument("--chat", action="store_true", help="each document's lines are alternating user/assistant turns")
-    parser.add_argument("--max-tokens", type=int, help="stop after this many traced tokens")
-    parser.add_argument("--continuation", type=int, default=48, help="greedy tokens generated after each document")
+    parser.add_argument("--max-tokens", type=_positive, help="stop after this many traced tokens")
+    parser.add_argument("--continuation", type=_whole, default=48, help="greedy tokens generated after each document")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,7 +134,7 @@ def load_engine(args: argparse.Namespace):
     from .loader import load_model
 
     loaded = load_model(args.model or str(demo_model_dir()), device=args.device, dtype=args.dtype)
-    return Engine(loaded, link_gbps=args.link_gbps or DEFAULT_LINK_GBPS, link_latency_us=args.link_latency_us)
+    return Engine(loaded, link_gbps=DEFAULT_LINK_GBPS if args.link_gbps is None else args.link_gbps, link_latency_us=args.link_latency_us)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -134,10 +142,11 @@ def run_generate(args: argparse.Namespace) -> int:
 
     engine = load_engine(args)
     engine.configure(args.policy, cache_ratio=args.cache_ratio, vram_budget_gb=args.vram_budget)
+    greedy = args.temperature in (None, 0.0)  # temperature 0: the most likely token, as greedy decoding
     sampling = Sampling(
         max_new_tokens=args.max_new_tokens,
-        greedy=args.temperature is None,
-        temperature=args.temperature or 1.0,
+        greedy=greedy,
+        temperature=1.0 if greedy else args.temperature,
         top_p=args.top_p,
         seed=args.seed,
     )
@@ -247,10 +256,9 @@ def cache_ratios(text: str) -> list[float]:
 
 def read_prompts(path: Path) -> list[str]:
     """One prompt per non-blank line of ``path``."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise SeqMoEError(f"cannot read the prompts file {path}: {getattr(error, 'strerror', None) or error}") from None
+    from .trace import read_text
+
+    lines = read_text(path, "the prompts file ").splitlines()
     prompts = [line.strip() for line in lines if line.strip()]
     if not prompts:
         raise SeqMoEError(f"the prompts file {path} holds no prompts (one per line)")

@@ -65,6 +65,14 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise SeqMoEError(f"at least one new token must be asked for, not {self.max_new_tokens}")
+        if not self.greedy and not self.temperature > 0:
+            raise SeqMoEError(f"a sampling temperature must be above 0 (0 is greedy decoding), not {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise SeqMoEError(f"top-p is a share of the probability mass, in (0, 1], not {self.top_p}")
+
 
 @dataclass
 class GenerationResult:
@@ -84,6 +92,9 @@ class Engine:
         context_tokens: int = 4096,
         predictor_path: Path | None = None,
     ) -> None:
+        if not link_gbps > 0 or link_latency_us < 0:
+            raise SeqMoEError(f"the emulated link needs a speed above 0 GB/s and a latency of at least 0 µs, "
+                              f"not {link_gbps} GB/s and {link_latency_us} µs")
         self.loaded = loaded
         self.events = EventBus()
         self.link_gbps = link_gbps
@@ -285,6 +296,8 @@ class Engine:
         on_token: Callable[[int], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
     ) -> GenerationResult:
+        if not prompt_ids:
+            raise SeqMoEError("the prompt is empty: there is nothing to continue")
         if self.policy_name == "none":
             self.configure()
         before = self._counters()

@@ -106,6 +106,14 @@ class Document:
     continuation: int
 
 
+def read_text(path: Path, what: str = "") -> str:
+    """A UTF-8 text file the user named (``what`` it is, for the message), or one line saying why not."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise SeqMoEError(f"cannot read {what}{path}: {getattr(error, 'strerror', None) or error}") from None
+
+
 def read_documents(text: str, tokenize: Callable[[list[str]], list[int]], every_turn: bool = False) -> list[list[int]]:
     """Blank-line separated paragraphs of ``text``, each tokenized by ``tokenize(lines)``. With
     ``every_turn`` (chat text), a paragraph gives one document per user turn: the conversation up

@@ -168,6 +168,21 @@ def test_calibration_traces_a_reply_to_every_user_turn_within_its_budget(tiny_mo
     assert 200 <= budget.tokens < every.tokens
 
 
+@pytest.mark.parametrize(("text", "words"), [
+    ("\n\n", "no tokens to trace"),
+    ("hello there\nhi, how are you?", "a single document"),
+])
+def test_calibration_refuses_a_text_it_cannot_learn_from(mixtral_dir: Path, tmp_path: Path, text: str, words: str,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    file = tmp_path / "calibration.txt"
+    file.write_text(text)
+    status = main(["calibrate", "--model", str(mixtral_dir), "--device", "cpu", "--text", str(file), "--epochs", "1"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bar's line
+    assert status == 2 and last.startswith("seqmoe: error: ") and words in last, last
+
+
 class Cancelled(Exception):
     pass
 
@@ -190,9 +205,14 @@ def test_calibration_is_found_again_and_can_be_cancelled(tiny_models: dict[str, 
     with pytest.raises(Cancelled):
         calibrate(engine.loaded, TrainingOptions(epochs=2, width=16), cancel_when_training, text, continuation=4)
     assert find_predictor(engine.loaded) is None
-    stages = []
-    _, path = calibrate(engine.loaded, TrainingOptions(epochs=2, width=16), lambda s, f: stages.append(f), text, continuation=4)
+    reports = []
+    _, path = calibrate(engine.loaded, TrainingOptions(epochs=2, width=16), lambda s, f: reports.append((s, f)), text,
+                        continuation=4)
     assert path == user_predictor_path(model_identity(engine.loaded)) and str(tmp_path) in str(path)
     assert find_predictor(engine.loaded) == path
+    stages = [fraction for _, fraction in reports]
     assert stages == sorted(stages) and stages[-1] == 1.0
+    # Tracing is half the work, shared by the tokens traced out of the budget (12,000; the text gives far fewer).
+    tracing = [fraction for stage, fraction in reports if stage.startswith("Tracing")]
+    assert tracing and 0 < tracing[-1] < 0.1
     engine.close()

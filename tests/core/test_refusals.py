@@ -137,6 +137,45 @@ def test_vram_budget_below_resident_weights(capsys: pytest.CaptureFixture[str], 
     assert_refused(capsys, mixtral_dir, "budget of 0.01 GiB", extra=("--vram-budget", "0.01"))
 
 
+@pytest.mark.parametrize(("flags", "words"), [
+    (("--max-new-tokens", "0"), "at least one new token"),
+    (("--temperature", "-1"), "temperature must be above 0"),
+    (("--temperature", "1", "--top-p", "0"), "top-p"),
+    (("--link-gbps", "0"), "speed above 0 GB/s"),
+    (("--link-latency-us", "-5"), "latency of at least 0"),
+    (("--prompt", ""), "prompt is empty"),
+])
+def test_generation_settings_out_of_range_are_refused(
+    capsys: pytest.CaptureFixture[str], mixtral_dir: Path, flags: tuple[str, ...], words: str
+) -> None:
+    assert_refused(capsys, mixtral_dir, words, extra=flags)
+
+
+@pytest.mark.parametrize("argv", [
+    ["train-predictor", "--traces", "t", "--out", "p.safetensors", "--epochs", "0"],
+    ["train-predictor", "--traces", "t", "--out", "p.safetensors", "--horizon", "0"],
+    ["train-predictor", "--traces", "t", "--out", "p.safetensors", "--width", "0"],
+    ["calibrate", "--epochs", "0"],
+    ["trace", "--text", "t.txt", "--out", "t", "--max-tokens", "0"],
+    ["trace", "--text", "t.txt", "--out", "t", "--continuation", "-1"],
+])
+def test_counts_below_their_least_are_refused_by_name(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    flag = argv[-2]
+    assert exited.value.code == 2 and f"argument {flag}: a" in capsys.readouterr().err
+
+
+def test_temperature_zero_is_greedy(capsys: pytest.CaptureFixture[str], mixtral_dir: Path) -> None:
+    replies = []
+    for flags in ((), ("--temperature", "0", "--seed", "3"), ("--temperature", "2", "--seed", "3")):
+        status, out, _ = run_cli(capsys, "--model", str(mixtral_dir), "--max-new-tokens", "12", "--json", *flags)
+        assert status == 0
+        replies.append(json.loads(out)["token_ids"])
+    greedy, zero, hot = replies
+    assert zero == greedy and hot != greedy
+
+
 def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "seqmoe", "generate", "--model", str(tmp_path / "absent"), "--prompt", "hi"],

@@ -14,9 +14,10 @@ from pathlib import Path
 import platformdirs
 import torch
 
+from ..errors import SeqMoEError
 from ..loader import LoadedModel
 from ..resources import resources_dir
-from ..trace import Traces, chat_tokenizer, iter_traces, model_identity, plain_tokenizer, read_documents
+from ..trace import Traces, chat_tokenizer, iter_traces, model_identity, plain_tokenizer, read_documents, read_text
 from .model import ExpertPredictor, load_predictor, save_predictor
 from .training import TrainingOptions, train_predictor
 
@@ -70,6 +71,8 @@ def collect_traces(
     if every_turn and chat:
         random.Random(0).shuffle(documents)
     records = list(iter_traces(loaded, documents, continuation, max_tokens, on_tokens))
+    if not records:
+        raise SeqMoEError("the text produced no tokens to trace")
     joined = {key: torch.cat([r[key] for r in records]) for key in records[0]}
     identity = model_identity(loaded)
     manifest = {"model": identity, "layers": identity["moe_layers"], "experts": identity["num_experts"]}
@@ -95,12 +98,12 @@ def calibrate(
     chat = bool(loaded.tokenizer.chat_template)
     done = 0
 
-    def traced(tokens: int) -> None:
+    def traced(count: int) -> None:
         nonlocal done
-        done += tokens
+        done += count
         report(f"Tracing routing ({done} tokens)", 0.5 * min(done / tokens, 1.0))
 
-    source = (text or calibration_text()).read_text(encoding="utf-8")
+    source = read_text(text or calibration_text())
     traces = collect_traces(loaded, source, chat, tokens, continuation, traced, every_turn=True)
     options = options or TrainingOptions()
 

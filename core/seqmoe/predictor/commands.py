@@ -19,6 +19,7 @@ from ..trace import (
     model_identity,
     plain_tokenizer,
     read_documents,
+    read_text,
     read_traces,
     write_traces,
 )
@@ -30,21 +31,13 @@ from .samples import positions_of
 from .training import TrainingOptions, train_predictor
 
 
-def _read_text(args: argparse.Namespace) -> str:
-    try:
-        return args.text.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise SeqMoEError(f"cannot read {args.text}: {error}") from None
-
-
 def run_trace(engine: Engine, args: argparse.Namespace) -> int:
     loaded = engine.loaded
     tokenize = chat_tokenizer(loaded) if args.chat else plain_tokenizer(loaded)
-    documents = read_documents(_read_text(args), tokenize, args.every_turn and args.chat)
-    bar = tqdm(total=args.max_tokens, desc="trace", unit="tok")
-    records = iter_traces(loaded, documents, args.continuation, args.max_tokens, bar.update)
-    manifest = write_traces(args.out, model_identity(loaded), records)
-    bar.close()
+    documents = read_documents(read_text(args.text), tokenize, args.every_turn and args.chat)
+    with tqdm(total=args.max_tokens, desc="trace", unit="tok") as bar:  # closed before an error's line, too
+        records = iter_traces(loaded, documents, args.continuation, args.max_tokens, bar.update)
+        manifest = write_traces(args.out, model_identity(loaded), records)
     print(f"{manifest['tokens']} tokens ({manifest['decode_tokens']} decoded) from {manifest['documents']} documents "
           f"in {len(manifest['shards'])} shards at {args.out}", file=sys.stderr)
     return 0
@@ -74,7 +67,7 @@ def run_eval(engine: Engine, args: argparse.Namespace) -> int:
     horizon = args.horizon or predictor.config.horizon
     if not 1 <= horizon <= predictor.config.horizon:
         raise SeqMoEError(f"--horizon must be between 1 and the predictor's {predictor.config.horizon}")
-    traces = collect_traces(loaded, _read_text(args), args.chat, args.max_tokens or 10**9, args.continuation)
+    traces = collect_traces(loaded, read_text(args.text), args.chat, args.max_tokens or 10**9, args.continuation)
     positions = positions_of(traces, predictor.config.horizon)
     frequency = torch.tensor(predictor.config.frequency)
     scorers = {
@@ -154,14 +147,13 @@ def format_eval(result: dict[str, object]) -> str:
 
 
 def run_calibrate(engine: Engine, args: argparse.Namespace) -> int:
-    bar = tqdm(total=100, desc="calibrate", unit="%")
+    with tqdm(total=100, desc="calibrate", unit="%") as bar:
 
-    def progress(stage: str, fraction: float) -> None:
-        bar.set_description(stage)
-        bar.update(round(100 * fraction) - bar.n)
+        def progress(stage: str, fraction: float) -> None:
+            bar.set_description(stage)
+            bar.update(round(100 * fraction) - bar.n)
 
-    predictor, path = calibrate(engine.loaded, TrainingOptions(epochs=args.epochs), progress, args.text, args.tokens)
-    bar.close()
+        predictor, path = calibrate(engine.loaded, TrainingOptions(epochs=args.epochs), progress, args.text, args.tokens)
     report = predictor.config.report
     print(f"calibrated in {report['seconds']:.0f} s of training: validation loss {report['validation_loss']:.4f}; "
           f"predictor saved to {path}", file=sys.stderr)

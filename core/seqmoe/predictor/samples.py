@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import SeqMoEError
 from ..trace import Traces
 
 
@@ -86,5 +87,8 @@ def split_documents(documents: torch.Tensor, every: int = 10) -> tuple[set[int],
     held = {d for i, d in enumerate(ids) if i % every == every - 1} or {ids[-1]}
     train = set(ids) - held
     if not train:
-        raise ValueError("traces of a single document cannot be split for validation")
+        raise SeqMoEError(
+            "the text holds a single document; training needs two or more (separated by a blank line), "
+            "one of them held out to validate on"
+        )
     return train, held
