@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(evaluate)
     add_text_arguments(evaluate)
     evaluate.add_argument("--predictor", type=Path, help="predictor file (default: the calibrated or bundled one)")
-    evaluate.add_argument("--horizon", type=int, help="horizons to report (default: the predictor's)")
+    evaluate.add_argument("--horizon", type=_positive, help="horizons to report (default: the predictor's)")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object to stdout")
 
     simulate = commands.add_parser("simulate", help="replay routing traces on a virtual GPU, link and model shape")

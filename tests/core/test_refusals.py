@@ -156,6 +156,7 @@ def test_generation_settings_out_of_range_are_refused(
     ["train-predictor", "--traces", "t", "--out", "p.safetensors", "--horizon", "0"],
     ["train-predictor", "--traces", "t", "--out", "p.safetensors", "--width", "0"],
     ["calibrate", "--epochs", "0"],
+    ["eval-predictor", "--text", "t.txt", "--horizon", "0"],
     ["trace", "--text", "t.txt", "--out", "t", "--max-tokens", "0"],
     ["trace", "--text", "t.txt", "--out", "t", "--continuation", "-1"],
 ])

@@ -88,7 +88,7 @@ def split_documents(documents: torch.Tensor, every: int = 10) -> tuple[set[int],
     train = set(ids) - held
     if not train:
         raise SeqMoEError(
-            "the text holds a single document; training needs two or more (separated by a blank line), "
+            "the traces hold a single document; training needs two or more (in a text, separated by a blank line), "
             "one of them held out to validate on"
         )
     return train, held
