@@ -151,6 +151,8 @@ def run_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     prompt_ids = engine.encode(args.prompt, chat=args.chat)
+    if args.policy == "seqmoe" and not args.json:
+        print(predictor_note(engine), file=sys.stderr)
     printer = None if args.json else _StreamPrinter(engine.loaded.tokenizer)
     result = engine.generate(prompt_ids, sampling, on_token=printer.add if printer else None)
     engine.close()
@@ -213,9 +215,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
     result = run_bench(engine, prompts, policies, ratios, args.max_new_tokens, copy_layers)
     rows = result.rows
     title = f"{engine.loaded.architecture}, {len(prompts)} prompts x {args.max_new_tokens} tokens; {link_note}"
+    if "seqmoe" in policies:
+        title += f"\n{predictor_note(engine)}"
     report = {
         "model": engine.loaded.path.name,
         "link": link_note,
+        "predictor": str(engine.predictor_path) if "seqmoe" in policies and engine.predictor() else None,
         "rows": [row.as_dict() for row in rows],
         "bounds": [bound.as_dict() for bound in result.bounds],
     }
@@ -241,6 +246,14 @@ def run_bench_command(args: argparse.Namespace) -> int:
         print("seqmoe: error: a policy generated other tokens than full", file=sys.stderr)
         return 1
     return 0
+
+
+def predictor_note(engine) -> str:
+    """Which forecaster the ``seqmoe`` policy runs with: a trained predictor, or the router fallback."""
+    if engine.predictor() is not None:
+        return f"seqmoe forecasts with the predictor {engine.predictor_path}"
+    return (f"seqmoe has no calibrated predictor for {engine.loaded.path.name} and forecasts one layer ahead with "
+            f"the next layer's router; `seqmoe calibrate --model {engine.loaded.path}` trains one")
 
 
 def cache_ratios(text: str) -> list[float]:

@@ -21,8 +21,9 @@ ROW_KEYS = {
 
 
 def test_bench_reports_every_policy_and_ratio_with_identical_tokens(
-    mixtral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    mixtral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no calibrated predictor for the tiny model
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello there\n\nhow are you today?\n", encoding="utf-8")
     status = main([
@@ -51,6 +52,8 @@ def test_bench_reports_every_policy_and_ratio_with_identical_tokens(
     stream = report["event_stream"]
     assert stream["events_per_token"] > 0 and stream["tokens_per_s_with_listener"] > 0
     assert "event stream:" in err and "oracle" in err
+    # seqmoe ran on the router fallback, and the report says so.
+    assert report["predictor"] is None and "no calibrated predictor" in err and "seqmoe calibrate --model" in err
 
 
 @pytest.mark.parametrize(
