@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .bench import DEFAULT_SETUP, SETUPS
 from .errors import SeqMoEError
@@ -15,6 +16,8 @@ from .predictor.calibration import CALIBRATION_TOKENS
 from .simulate import HARDWARE, SHAPES, SIMULATED_POLICIES
 from .resources import demo_model_dir
 
+if TYPE_CHECKING:
+    from .engine import Engine
 
 DEFAULT_LINK_GBPS = 25.0
 
@@ -134,7 +137,8 @@ def load_engine(args: argparse.Namespace):
     from .loader import load_model
 
     loaded = load_model(args.model or str(demo_model_dir()), device=args.device, dtype=args.dtype)
-    return Engine(loaded, link_gbps=DEFAULT_LINK_GBPS if args.link_gbps is None else args.link_gbps, link_latency_us=args.link_latency_us)
+    link_gbps = DEFAULT_LINK_GBPS if args.link_gbps is None else args.link_gbps
+    return Engine(loaded, link_gbps=link_gbps, link_latency_us=args.link_latency_us)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -248,7 +252,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def predictor_note(engine) -> str:
+def predictor_note(engine: Engine) -> str:
     """Which forecaster the ``seqmoe`` policy runs with: a trained predictor, or the router fallback."""
     if engine.predictor() is not None:
         return f"seqmoe forecasts with the predictor {engine.predictor_path}"
