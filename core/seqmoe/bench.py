@@ -17,6 +17,7 @@ from __future__ import annotations
 import textwrap
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .bound import Access, CopyBound, fewest_copies
 from .engine import Engine, Sampling
@@ -25,6 +26,7 @@ from .events import EventBuffer, LayerRouted
 from .policies import ORACLES
 from .simulate import HARDWARE, SHAPES, Hardware, ModelShape
 from .stats import GenerationStats
+from .user_files import writing
 
 BUILT_IN_PROMPTS = [
     "Hi! What do you like to do on weekends?",
@@ -305,7 +307,7 @@ def _optional(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def plot(rows: list[BenchRow], bounds: list[CopyBound], path: str, title: str) -> None:
+def plot(rows: list[BenchRow], bounds: list[CopyBound], path: Path, title: str) -> None:
     """Throughput relative to ``full`` against cache ratio, one line per policy, and the bound no
     policy passes (needs matplotlib)."""
     import matplotlib
@@ -326,4 +328,5 @@ def plot(rows: list[BenchRow], bounds: list[CopyBound], path: str, title: str) -
     axes.set_title(textwrap.fill(title, 110), fontsize=8)
     axes.legend()
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    with writing(path):
+        figure.savefig(path, dpi=120)

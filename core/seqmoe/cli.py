@@ -15,6 +15,7 @@ from .policies import POLICY_NAMES
 from .predictor.calibration import CALIBRATION_TOKENS
 from .simulate import HARDWARE, SHAPES, SIMULATED_POLICIES
 from .resources import demo_model_dir
+from .user_files import check_output
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -195,11 +196,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 2:
         raise SeqMoEError("--max-new-tokens must be at least 2: decode speed is timed from the second token on")
     texts = read_prompts(args.prompts) if args.prompts else BUILT_IN_PROMPTS
-    if args.plot:
+    if args.plot:  # checked before a run of minutes, not after it
         try:
-            import matplotlib  # noqa: F401  (checked before a run of minutes, not after it)
+            import matplotlib  # noqa: F401
         except ImportError:
             raise SeqMoEError("--plot needs matplotlib: pip install matplotlib (or the package's [bench] extra)") from None
+        check_output(args.plot, "--plot")
     engine = load_engine(args)
     chat = bool(engine.loaded.tokenizer.chat_template)
     prompts = [engine.encode(text, chat=chat) for text in texts]
@@ -245,7 +247,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
             file=out,
         )
     if args.plot:
-        plot(rows, result.bounds, str(args.plot), title)
+        plot(rows, result.bounds, args.plot, title)
     if not all(row.same_tokens for row in rows):
         print("seqmoe: error: a policy generated other tokens than full", file=sys.stderr)
         return 1
@@ -273,7 +275,7 @@ def cache_ratios(text: str) -> list[float]:
 
 def read_prompts(path: Path) -> list[str]:
     """One prompt per non-blank line of ``path``."""
-    from .trace import read_text
+    from .user_files import read_text
 
     lines = read_text(path, "the prompts file ").splitlines()
     prompts = [line.strip() for line in lines if line.strip()]

@@ -28,6 +28,7 @@ from transformers import DynamicCache
 
 from .errors import SeqMoEError
 from .loader import LoadedModel, Router, find_routers
+from .user_files import check_output, writing
 
 FORMAT_VERSION = 1
 SHARD_TOKENS = 8192
@@ -104,14 +105,6 @@ class Document:
 
     ids: list[int]
     continuation: int
-
-
-def read_text(path: Path, what: str = "") -> str:
-    """A UTF-8 text file the user named (``what`` it is, for the message), or one line saying why not."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise SeqMoEError(f"cannot read {what}{path}: {getattr(error, 'strerror', None) or error}") from None
 
 
 def read_documents(text: str, tokenize: Callable[[list[str]], list[int]], every_turn: bool = False) -> list[list[int]]:
@@ -244,7 +237,7 @@ def document_runs(traces: Traces) -> list[tuple[int, list[Run]]]:
 
 def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[str, torch.Tensor]]) -> dict[str, object]:
     """Write ``records`` as shards of about ``SHARD_TOKENS`` tokens and the manifest last."""
-    out.mkdir(parents=True, exist_ok=True)
+    check_output(out, "the trace folder", folder=True)
     shards, pending, pending_tokens = [], [], 0
     totals = {"tokens": 0, "decode_tokens": 0, "documents": 0}
 
@@ -254,7 +247,8 @@ def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[
             return
         tensors = {key: torch.cat([r[key] for r in pending]).contiguous() for key in pending[0]}
         name = f"shard-{len(shards):05d}.safetensors"
-        save_file(tensors, str(out / name))
+        with writing(out / name):
+            save_file(tensors, str(out / name))
         shards.append({"file": name, "tokens": tensors["document"].shape[0]})
         pending, pending_tokens = [], 0
 
@@ -280,7 +274,8 @@ def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[
         "prefill_tokens": totals["tokens"] - totals["decode_tokens"],
         "shards": shards,
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    with writing(out / "manifest.json"):
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
 
 

@@ -17,7 +17,8 @@ import torch
 from ..errors import SeqMoEError
 from ..loader import LoadedModel
 from ..resources import resources_dir
-from ..trace import Traces, chat_tokenizer, iter_traces, model_identity, plain_tokenizer, read_documents, read_text
+from ..trace import Traces, chat_tokenizer, iter_traces, model_identity, plain_tokenizer, read_documents
+from ..user_files import read_text
 from .model import ExpertPredictor, load_predictor, save_predictor
 from .training import TrainingOptions, train_predictor
 

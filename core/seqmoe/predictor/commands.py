@@ -19,10 +19,10 @@ from ..trace import (
     model_identity,
     plain_tokenizer,
     read_documents,
-    read_text,
     read_traces,
     write_traces,
 )
+from ..user_files import check_output, read_text
 from .calibration import calibrate, collect_traces, find_predictor
 from .evaluation import evaluate, frequency_scorer, gate_scorer, predictor_scorer, previous_token_scorer
 from .model import load_predictor, parameter_limit, save_predictor
@@ -44,6 +44,7 @@ def run_trace(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    check_output(args.out, "--out")
     traces = read_traces(args.traces)
     options = TrainingOptions(horizon=args.horizon, epochs=args.epochs, width=args.width)
     try:

@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import SeqMoEError
+from ..user_files import check_output, writing
 from .reuse import ReuseHead
 from .threads import one_cpu_thread
 
@@ -131,9 +132,10 @@ class ExpertPredictor(nn.Module):
 
 def save_predictor(predictor: ExpertPredictor, path: Path) -> None:
     """``path`` (safetensors weights) and ``path`` with suffix ``.json`` (its config)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in predictor.state_dict().items()}, str(path))
-    path.with_suffix(".json").write_text(json.dumps(asdict(predictor.config), indent=1))
+    check_output(path, "the predictor file")
+    with writing(path):
+        save_file({k: v.contiguous() for k, v in predictor.state_dict().items()}, str(path))
+        path.with_suffix(".json").write_text(json.dumps(asdict(predictor.config), indent=1))
 
 
 def load_predictor(path: Path, identity: dict[str, object] | None = None, device: str | torch.device = "cpu") -> ExpertPredictor:

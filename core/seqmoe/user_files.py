@@ -1,0 +1,55 @@
+"""Files the user names on the command line: texts read, and outputs written.
+
+Each failure is one line (``SeqMoEError``), and an output that cannot be written is refused
+before the work that produces it (a trace, a training, a bench run of minutes), not after.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from safetensors import SafetensorError
+
+from .errors import SeqMoEError
+
+
+def read_text(path: Path, what: str = "") -> str:
+    """A UTF-8 text file (``what`` it is, for the message), or one line saying why not."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise SeqMoEError(f"cannot read {what}{path}: {_reason(error)}") from None
+
+
+def check_output(path: Path, flag: str, folder: bool = False) -> Path:
+    """Refuse ``path`` (given with ``flag``) if a file (or with ``folder``, a folder) cannot be
+    written there; the folders it needs are made."""
+    if folder and path.exists() and not path.is_dir():
+        raise SeqMoEError(f"{flag} {path} is a file; give a folder")
+    if not folder and path.is_dir():
+        raise SeqMoEError(f"{flag} {path} is a folder; give a file name")
+    where = path if folder else path.parent
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        # A file made and dropped there: permissions alone miss read-only mounts and /proc-like folders.
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError as error:
+        raise SeqMoEError(f"{flag} {path}: cannot write in {where}: {_reason(error)}") from None
+    return path
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Writes to ``path`` that fail (a full disk, a folder gone meanwhile) end in one line."""
+    try:
+        yield
+    except (OSError, SafetensorError) as error:
+        raise SeqMoEError(f"cannot write {path}: {_reason(error)}") from None
+
+
+def _reason(error: Exception) -> str:
+    return getattr(error, "strerror", None) or str(error)

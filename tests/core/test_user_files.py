@@ -1,0 +1,87 @@
+"""Outputs the user names: refused before the work when they cannot be written, and a write
+that fails midway (a full disk) ends in one line."""
+
+from __future__ import annotations
+
+import errno
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import seqmoe.bench
+import seqmoe.predictor.commands
+import seqmoe.predictor.model
+import seqmoe.trace
+from seqmoe import SeqMoEError
+from seqmoe.cli import main
+from seqmoe.predictor import save_predictor
+
+from .conftest import CHAT_TEXT
+
+
+def last_error(capsys: pytest.CaptureFixture[str]) -> str:
+    return capsys.readouterr().err.strip().splitlines()[-1]  # after any progress bar
+
+
+def never(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the work ran although its output could not be written")
+
+
+def disk_full(*args: object, **kwargs: object) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.fixture
+def a_file(tmp_path: Path) -> Path:
+    """A plain file: no folder can be made inside it, even by root."""
+    file = tmp_path / "plain.txt"
+    file.write_text(CHAT_TEXT)
+    return file
+
+
+def test_a_trace_folder_that_is_a_file_is_refused(mixtral_dir: Path, a_file: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(seqmoe.trace, "save_file", never)
+    status = main(["trace", "--model", str(mixtral_dir), "--device", "cpu", "--text", str(a_file), "--out", str(a_file)])
+    assert status == 2 and last_error(capsys) == f"seqmoe: error: the trace folder {a_file} is a file; give a folder"
+
+
+def test_training_is_not_started_for_a_predictor_file_it_cannot_write(
+    traced: tuple[Path, Path], a_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(seqmoe.predictor.commands, "train_predictor", never)
+    out = a_file / "predictor.safetensors"
+    status = main(["train-predictor", "--traces", str(traced[1]), "--out", str(out)])
+    error = last_error(capsys)
+    assert status == 2 and error.startswith(f"seqmoe: error: --out {out}: cannot write in {a_file}"), error
+
+
+def test_a_bench_is_not_run_for_a_plot_it_cannot_write(mixtral_dir: Path, a_file: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", types.ModuleType("matplotlib"))  # present, whether installed or not
+    monkeypatch.setattr(seqmoe.bench, "run_bench", never)
+    plot = a_file / "bench.png"
+    status = main(["bench", "--model", str(mixtral_dir), "--device", "cpu", "--plot", str(plot)])
+    assert status == 2 and last_error(capsys).startswith(f"seqmoe: error: --plot {plot}: cannot write in")
+
+
+def test_a_full_disk_while_tracing_ends_in_one_line(mixtral_dir: Path, a_file: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(seqmoe.trace, "save_file", disk_full)
+    out = tmp_path / "traces"
+    status = main(["trace", "--model", str(mixtral_dir), "--device", "cpu", "--text", str(a_file), "--out", str(out),
+                   "--continuation", "2"])
+    assert status == 2 and last_error(capsys) == f"seqmoe: error: cannot write {out / 'shard-00000.safetensors'}: No space left on device"
+
+
+def test_a_full_disk_while_saving_a_predictor_is_one_line(traced: tuple[Path, Path], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from seqmoe.predictor.training import TrainingOptions, train_predictor
+    from seqmoe.trace import read_traces
+
+    predictor = train_predictor(read_traces(traced[1]), TrainingOptions(epochs=1, width=16), progress=False)
+    monkeypatch.setattr(seqmoe.predictor.model, "save_file", disk_full)
+    with pytest.raises(SeqMoEError, match="No space left on device"):
+        save_predictor(predictor, tmp_path / "p.safetensors")
