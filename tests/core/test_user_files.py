@@ -85,3 +85,15 @@ def test_a_full_disk_while_saving_a_predictor_is_one_line(traced: tuple[Path, Pa
     monkeypatch.setattr(seqmoe.predictor.model, "save_file", disk_full)
     with pytest.raises(SeqMoEError, match="No space left on device"):
         save_predictor(predictor, tmp_path / "p.safetensors")
+
+
+def test_calibration_is_not_started_when_its_predictor_cannot_be_stored(
+    mixtral_dir: Path, a_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import seqmoe.predictor.calibration
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(a_file))  # the user cache lies under a plain file
+    monkeypatch.setattr(seqmoe.predictor.calibration, "collect_traces", never)
+    status = main(["calibrate", "--model", str(mixtral_dir), "--device", "cpu", "--text", str(a_file)])
+    error = last_error(capsys)
+    assert status == 2 and error.startswith("seqmoe: error: the predictor file ") and "cannot write in" in error, error

@@ -18,7 +18,7 @@ from ..errors import SeqMoEError
 from ..loader import LoadedModel
 from ..resources import resources_dir
 from ..trace import Traces, chat_tokenizer, iter_traces, model_identity, plain_tokenizer, read_documents
-from ..user_files import read_text
+from ..user_files import check_output, read_text
 from .model import ExpertPredictor, load_predictor, save_predictor
 from .training import TrainingOptions, train_predictor
 
@@ -96,6 +96,7 @@ def calibrate(
     (demo model, simulated at cache ratio 0.45: 29.7% of full after 12,000 tokens, 32.0% after 48,000).
     """
     report = on_progress or (lambda stage, fraction: None)
+    path = check_output(user_predictor_path(model_identity(loaded)), "the predictor file")  # before minutes of work
     chat = bool(loaded.tokenizer.chat_template)
     done = 0
 
@@ -116,7 +117,6 @@ def calibrate(
                0.9 + 0.1 * epoch / options.reuse_epochs)
 
     predictor = train_predictor(traces, options, on_epoch=epoch_done, progress=False, on_reuse_epoch=reuse_epoch_done)
-    path = user_predictor_path(model_identity(loaded))
     save_predictor(predictor, path)
     report("Calibrated", 1.0)
     return predictor, path
