@@ -53,8 +53,8 @@ class Setup:
     @property
     def transfer_to_compute(self) -> float:
         """One expert's copy time over one MoE layer's decode time (decode bound by memory bandwidth)."""
-        copy = self.shape.expert_bytes / self.hardware.link_bytes_per_s
-        return copy / (self.shape.layer_bytes / self.hardware.memory_bytes_per_s)
+        copy = self.shape.expert_bytes / self.hardware.link_bytes_per_s  # without latency, as the setups are quoted
+        return copy / self.hardware.layer_seconds(self.shape)
 
 
 SETUPS = {
@@ -136,11 +136,16 @@ def layer_seconds(totals: Totals, num_layers: int) -> float:
     return 1.0 / totals.tokens_per_s / num_layers
 
 
+def require_decode(full: Totals) -> None:
+    """Refuse runs whose every reply ended at its first token: decode speed is timed from the second."""
+    if not full.decode_tokens:
+        raise SeqMoEError("no reply went past its first token, so there is no decode to time; give other prompts")
+
+
 def set_link(engine: Engine, full: Totals, copy_layers: float) -> None:
     """Set the emulated link so one expert copy takes ``copy_layers`` layers of ``full``'s decode
     (the inverse of ``emulated_copy_seconds``)."""
-    if not full.decode_tokens:
-        raise SeqMoEError("no reply went past its first token, so there is no decode to time the link by; give other prompts")
+    require_decode(full)
     copy_seconds = copy_layers * layer_seconds(full, engine.loaded.host.num_layers)
     expert_bytes = engine.loaded.host.layout.bytes_per_expert
     engine.link_gbps = expert_bytes / max(copy_seconds - engine.link_latency_s, 1e-9) / 1e9
@@ -182,8 +187,7 @@ def run_bench(
     engine.generate(prompts[0], Sampling(max_new_tokens=4))
     reference = [engine.generate(p, greedy) for p in prompts]
     full = Totals([r.stats for r in reference])
-    if not full.decode_tokens:
-        raise SeqMoEError("every prompt's reply ended at its first token, so there is no decode to time; give other prompts")
+    require_decode(full)
     rows, bounds = [], []
     # One recording per prompt and ratio serves the bound and the oracles; neither, none.
     record = copy_layers is not None or any(policy in ORACLES for policy in policies)

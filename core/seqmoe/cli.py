@@ -15,7 +15,7 @@ from .policies import POLICY_NAMES
 from .predictor.calibration import CALIBRATION_TOKENS
 from .simulate import HARDWARE, SHAPES, SIMULATED_POLICIES
 from .resources import demo_model_dir
-from .user_files import check_output
+from .user_files import check_output, read_text
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -275,8 +275,6 @@ def cache_ratios(text: str) -> list[float]:
 
 def read_prompts(path: Path) -> list[str]:
     """One prompt per non-blank line of ``path``."""
-    from .user_files import read_text
-
     lines = read_text(path, "the prompts file ").splitlines()
     prompts = [line.strip() for line in lines if line.strip()]
     if not prompts:

@@ -13,6 +13,7 @@ import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -38,9 +39,9 @@ _TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEQUANTIZED_ON_LOAD: dict[str, Callable[[], object]] = {"mxfp4": lambda: Mxfp4Config(dequantize=True)}
 """Quantized checkpoint formats that transformers turns into plain weights while loading (gpt-oss
-ships MXFP4 experts), and the loading option that asks for it (made afresh for each load): the engine copies and computes
-plain expert tensors, and without it transformers would swap in its own quantized experts
-module or demand packages (accelerate, kernels) only for that."""
+ships MXFP4 experts), and the loading option that asks for it (made afresh for each load): the
+engine copies and computes plain expert tensors, and without it transformers would swap in its
+own quantized experts module or demand packages (accelerate, kernels) only for that."""
 
 
 @dataclass
@@ -192,7 +193,7 @@ def check_weights(path: Path) -> list[Path]:
     """The safetensors files of the checkpoint, refused if any is missing or truncated."""
     index = path / INDEX_FILE
     if index.is_file():
-        shards = sorted(set(_json_or_empty(index).get("weight_map", {}).values()))
+        shards = sorted(index_shards(_json_or_empty(index)))
         files = [path / shard for shard in shards]
     else:
         files = sorted(path.glob("*.safetensors"))
@@ -362,9 +363,15 @@ class Router:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., num_experts]`` logits for ``hidden`` ``[..., hidden_size]``, in float32."""
-        weight = self.weight[: self.num_experts].float()
-        bias = None if self.bias is None else self.bias[: self.num_experts].float()
+        weight, bias = self._float_map
         return F.linear(hidden.to(weight.device, torch.float32), weight, bias)
+
+    @cached_property
+    def _float_map(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The routed experts' rows in float32, made once: ``logits`` runs at every layer of every token."""
+        weight = self.weight.detach()[: self.num_experts].float()
+        bias = None if self.bias is None else self.bias.detach()[: self.num_experts].float()
+        return weight, bias
 
 
 def find_routers(loaded: LoadedModel) -> list[Router]:

@@ -34,6 +34,14 @@ class Hardware:
     link_latency_s: float
     memory_bytes_per_s: float
 
+    def copy_seconds(self, shape: ModelShape) -> float:
+        """One expert's copy over the link."""
+        return self.link_latency_s + shape.expert_bytes / self.link_bytes_per_s
+
+    def layer_seconds(self, shape: ModelShape) -> float:
+        """One MoE layer's decode, bound by memory bandwidth."""
+        return shape.layer_bytes / self.memory_bytes_per_s
+
     def at_efficiency(self, share: float) -> Hardware:
         """The same GPU with decode reaching only ``share`` of its memory bandwidth (as real
         engines do at batch size 1: kernel launches and small matrices)."""
@@ -255,11 +263,11 @@ def simulate(
     host = _NoWeights(layers, experts)
     slots = cache_slots(traces, cache_ratio)
     clock = VirtualClock()
-    copier = SimulatedCopier(clock, hardware.link_latency_s + shape.expert_bytes / hardware.link_bytes_per_s, shape.expert_bytes)
+    copier = SimulatedCopier(clock, hardware.copy_seconds(shape), shape.expert_bytes)
     steps = replay_steps(traces, slots)
     policy = _policy(policy_name, traces, steps, predictor)
     cache = ExpertCache(host, slots, torch.device("cpu"), copier, policy, EventBus(), clock=clock)
-    layer_seconds = shape.layer_bytes / hardware.memory_bytes_per_s
+    layer_seconds = hardware.layer_seconds(shape)
     decode_seconds = 0.0
     decode_layers = decode_bytes = 0
     previous: Step | None = None
@@ -313,9 +321,8 @@ def copy_bound(traces: Traces, cache_ratio: float, hardware: Hardware, shape: Mo
     slots = cache_slots(traces, cache_ratio)
     accesses = [Access(step.layer, step.experts, step.token is not None) for step in replay_steps(traces, slots)]
     copies, tokens = fewest_copies(accesses, slots)
-    copy_seconds = hardware.link_latency_s + shape.expert_bytes / hardware.link_bytes_per_s
-    layer_seconds = shape.layer_bytes / hardware.memory_bytes_per_s
-    return CopyBound.of(cache_ratio, copies, tokens, traces.experts.shape[1], copy_seconds / layer_seconds)
+    copy_layers = hardware.copy_seconds(shape) / hardware.layer_seconds(shape)
+    return CopyBound.of(cache_ratio, copies, tokens, traces.experts.shape[1], copy_layers)
 
 
 def _policy(name: str, traces: Traces, steps: list[Step], predictor: ExpertPredictor | None) -> Policy:

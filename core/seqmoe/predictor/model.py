@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import SeqMoEError
-from ..user_files import check_output, writing
+from ..user_files import writing
 from .reuse import ReuseHead
 from .threads import one_cpu_thread
 
@@ -132,8 +132,8 @@ class ExpertPredictor(nn.Module):
 
 def save_predictor(predictor: ExpertPredictor, path: Path) -> None:
     """``path`` (safetensors weights) and ``path`` with suffix ``.json`` (its config)."""
-    check_output(path, "the predictor file")
     with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in predictor.state_dict().items()}, str(path))
         path.with_suffix(".json").write_text(json.dumps(asdict(predictor.config), indent=1))
 
