@@ -28,6 +28,11 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES,
+    MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+)
 
 from .errors import ModelRefused, SeqMoEError
 from .hub_files import IN_A_FOLDER, INDEX_FILE, SMALL_PATTERNS, WEIGHT_PATTERN, index_shards
@@ -159,8 +164,11 @@ def check_supported(config: PretrainedConfig) -> nn.Module:
     try:
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
-    except (ValueError, KeyError) as error:
-        raise ModelRefused(f"{type(config).__name__} is not a causal language model: {_first_line(error)}") from None
+    except (ValueError, KeyError):
+        raise ModelRefused(
+            f"{config.model_type!r} is {_kind_of_model(config.model_type)}, not a text-only causal language model "
+            "(transformers has no ...ForCausalLM class for it); seqmoe runs causal language models"
+        ) from None
     architecture = type(skeleton).__name__
     method = quantization_method(config)
     if method is not None and method not in DEQUANTIZED_ON_LOAD:
@@ -178,6 +186,18 @@ def check_supported(config: PretrainedConfig) -> nn.Module:
             "seqmoe cannot offload it"
         )
     raise ModelRefused(f"{architecture} is not a Mixture-of-Experts model; seqmoe offloads MoE experts only")
+
+
+def _kind_of_model(model_type: str) -> str:
+    """What kind of model transformers files this model type under, in words."""
+    for names, kind in (
+        (MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, "an image-and-text model"),
+        (MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES, "a multimodal model"),
+        (MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES, "an encoder-decoder model"),
+    ):
+        if model_type in names:
+            return kind
+    return "a model of another kind"
 
 
 def quantization_method(config: PretrainedConfig) -> str | None:

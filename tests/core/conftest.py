@@ -67,6 +67,22 @@ FAMILIES: dict[str, transformers.PretrainedConfig] = {
     "granitemoe": transformers.GraniteMoeConfig(
         **_COMMON, intermediate_size=48, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2
     ),
+    # multi-head latent attention and shared experts (DeepSeek-V2-Lite of the catalog)
+    "deepseek_v2": transformers.DeepseekV2Config(
+        **{**_COMMON, "num_key_value_heads": 4}, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=3,
+        n_routed_experts=8, num_experts_per_tok=2, first_k_dense_replace=1, n_shared_experts=1, kv_lora_rank=16,
+        q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, head_dim=8,
+    ),
+    # sparsemixer routing (Phi-3.5-MoE of the catalog)
+    "phimoe": transformers.PhimoeConfig(
+        **_COMMON, intermediate_size=48, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2
+    ),
+    # linear-attention layers between full-attention ones, and a gated shared expert: no plain KV cache
+    "qwen3_next": transformers.Qwen3NextConfig(
+        **_COMMON, head_dim=8, intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        num_hidden_layers=4, num_experts=8, num_experts_per_tok=2, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=8, linear_value_head_dim=8,
+    ),
 }
 
 

@@ -65,6 +65,17 @@ def test_moe_outside_the_experts_interface_is_named(capsys: pytest.CaptureFixtur
     assert_refused(capsys, folder, "JetMoeForCausalLM", "experts interface")
 
 
+@pytest.mark.parametrize(
+    ("config", "kind"),
+    [(transformers.Qwen3VLMoeConfig(), "image-and-text model"), (transformers.SwitchTransformersConfig(), "encoder-decoder")],
+)
+def test_an_moe_that_is_no_causal_lm_says_what_it_is(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, config: transformers.PretrainedConfig, kind: str
+) -> None:
+    config.save_pretrained(tmp_path)
+    assert_refused(capsys, tmp_path, repr(config.model_type), kind, "not a text-only causal language model")
+
+
 def test_remote_code_is_refused_and_never_run(capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path) -> None:
     folder = copy_model(mixtral_dir, tmp_path / "remote")
     marker = tmp_path / "remote-code-ran"
