@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from transformers import PretrainedConfig
 
 from .errors import BudgetTooSmall
+from .layer_configs import layer_configs
 
 WORKSPACE_BYTES = {"cuda": 512 * 2**20, "cpu": 64 * 2**20}
 """CUDA reserves room for its context, cuBLAS workspaces and allocator fragmentation."""
@@ -60,14 +61,14 @@ class CacheGeometry:
 
 def kv_cache_bytes(config: PretrainedConfig, context_tokens: int, element_size: int) -> int:
     """Keys and values of every attention layer for ``context_tokens`` tokens (an upper estimate)."""
-    text = config.get_text_config()
-    layers = getattr(text, "num_hidden_layers", 0)
-    heads = getattr(text, "num_attention_heads", 1)
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    if getattr(text, "qk_nope_head_dim", None):
+    return sum(_kv_values_per_token(layer) for layer in layer_configs(config)) * context_tokens * element_size
+
+
+def _kv_values_per_token(layer: PretrainedConfig) -> int:
+    heads = getattr(layer, "num_attention_heads", 1)
+    kv_heads = getattr(layer, "num_key_value_heads", None) or heads
+    head_dim = getattr(layer, "head_dim", None) or layer.hidden_size // heads
+    if getattr(layer, "qk_nope_head_dim", None):
         # Multi-head latent attention: transformers caches the decompressed keys and values.
-        per_token = heads * (text.qk_nope_head_dim + text.qk_rope_head_dim + text.v_head_dim)
-    else:
-        per_token = 2 * kv_heads * head_dim
-    return layers * per_token * context_tokens * element_size
+        return heads * (layer.qk_nope_head_dim + layer.qk_rope_head_dim + layer.v_head_dim)
+    return 2 * kv_heads * head_dim

@@ -36,6 +36,7 @@ from transformers.models.auto.modeling_auto import (
 
 from .errors import ModelRefused, SeqMoEError
 from .hub_files import IN_A_FOLDER, INDEX_FILE, SMALL_PATTERNS, WEIGHT_PATTERN, index_shards
+from .layer_configs import largest_int
 from .store import HostStore, expert_parameters
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -178,9 +179,7 @@ def check_supported(config: PretrainedConfig) -> nn.Module:
         )
     if find_experts(skeleton):
         return skeleton
-    text = config.get_text_config()
-    experts = max((getattr(text, key, 0) or 0 for key in _EXPERT_COUNT_KEYS if isinstance(getattr(text, key, 0), int)), default=0)
-    if experts > 1:
+    if largest_int(config, _EXPERT_COUNT_KEYS) > 1:
         raise ModelRefused(
             f"{architecture} is an MoE whose experts do not use transformers' experts interface; "
             "seqmoe cannot offload it"
@@ -258,11 +257,10 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
 
 
 def top_k_of(config: PretrainedConfig) -> int:
-    text = config.get_text_config()
-    for key in _TOP_K_KEYS:
-        value = getattr(text, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
+    """How many experts a token uses (the most any layer uses, when layers differ)."""
+    top_k = largest_int(config, _TOP_K_KEYS)
+    if top_k:
+        return top_k
     raise ModelRefused(f"{type(config).__name__} does not say how many experts each token uses")
 
 

@@ -86,6 +86,22 @@ FAMILIES: dict[str, transformers.PretrainedConfig] = {
 }
 
 
+def layers_that_differ(narrow_heads: int | None = 2) -> transformers.PretrainedConfig:
+    """A tiny dots3 MoE whose sliding-attention layers have ``narrow_heads`` heads, fewer than the
+    first layer's 4 (transformers' per-layer config; ``None``: every layer alike)."""
+    from transformers.models.dots3_note.configuration_dots3_note import Dots3NoteTextConfig
+
+    narrow = {"num_attention_heads": narrow_heads, "num_key_value_heads": narrow_heads}
+    return Dots3NoteTextConfig(
+        **{**_COMMON, "num_key_value_heads": 4}, pad_token_id=0, head_dim=16, intermediate_size=64,
+        moe_intermediate_size=32, shared_experts_intermediate_size=32, num_hidden_layers=3, n_routed_experts=8,
+        num_experts_per_tok=2, n_group=2, topk_group=1, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=8, index_head_dim=8, index_n_heads=2, index_topk=4, sliding_window=16,
+        layer_types=["indexed_attention", "sliding_attention", "sliding_attention"],
+        per_layer_config={1: narrow, 2: narrow} if narrow_heads else None,
+    )
+
+
 def save_tokenizer(folder: Path) -> None:
     """A character-level tokenizer with a chat template and EOS id 1."""
     vocab = {f"<{i}>": i for i in range(VOCAB)}

@@ -9,8 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM, Mxfp4Config
 
 from seqmoe import Engine, Sampling, load_model
+from seqmoe.budget import kv_cache_bytes
 
-from .conftest import FAMILIES, build_model, store_experts_as_mxfp4
+from .conftest import FAMILIES, build_model, layers_that_differ, store_experts_as_mxfp4
 
 PROMPT = [5, 17, 42, 99, 23, 64, 7, 88, 31, 12, 56, 77]
 NEW_TOKENS = 12
@@ -120,3 +121,20 @@ def test_an_mxfp4_checkpoint_runs_dequantized(tmp_path: Path) -> None:
             assert engine.generate(PROMPT, greedy).token_ids == expected, policy
     finally:
         engine.close()
+
+
+def test_a_model_whose_layers_differ_runs_and_reserves_each_layers_keys(tmp_path: Path) -> None:
+    """transformers' per-layer configs (here fewer attention heads in some layers) make the
+    model-wide head count unreadable; the engine sizes the KV reserve layer by layer."""
+    folder = build_model(tmp_path / "dots3", layers_that_differ())
+    greedy = Sampling(max_new_tokens=NEW_TOKENS)
+    expected = reference_tokens(folder, greedy)
+    engine = Engine(load_model(str(folder), device="cpu"))
+    try:
+        for policy in ("lru", "seqmoe"):
+            engine.configure(policy, cache_ratio=0.5)
+            assert engine.generate(PROMPT, greedy).token_ids == expected, policy
+    finally:
+        engine.close()
+    # Two of the three layers keep half the heads' keys and values.
+    assert 3 * kv_cache_bytes(layers_that_differ(), 100, 2) == 2 * kv_cache_bytes(layers_that_differ(None), 100, 2)

@@ -1,0 +1,141 @@
+"""Every MoE causal LM the installed transformers knows, built tiny with random weights, run
+through the engine: does each load, and give transformers' own greedy tokens under every policy?
+
+    .venv/bin/python tools/sweep_architectures.py [MODEL_TYPE ...]
+
+The tests cover a dozen families by hand; this sweep is for a transformers upgrade, when new
+architectures arrive. Each model type runs in a child process (a default config may be huge,
+or crash), from its default config with the sizes below made small. Some architectures need
+more than that (multi-head latent attention wants as many key-value heads as heads, hybrid
+models a full-attention layer among their first layers), so a few variants are tried in turn
+until transformers itself can generate. One line per model type:
+
+    same      the engine's tokens equal transformers' under full, lru, gate and seqmoe
+    DIFFERENT the policies whose tokens differ (a bug)
+    refused   the engine's one-line reason (an MoE outside the experts interface)
+    CRASH     the engine raised something other than its own refusal (a bug)
+    not built transformers could not build or run the tiny model (a limit of this sweep)
+    skipped   a multimodal config (its text model type is swept on its own)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+SMALL = dict(
+    vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+    moe_shared_expert_intermediate_size=32, expert_hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=8, max_position_embeddings=256, num_hidden_layers=3, num_experts=8, num_local_experts=8, n_routed_experts=8,
+    moe_num_experts=8, num_experts_per_tok=2, moe_topk=2, top_k=2, moe_k=2, n_group=2, topk_group=1, n_shared_experts=1,
+    num_shared_experts=1, first_k_dense_replace=1, num_dense_layers=1, kv_lora_rank=16, q_lora_rank=24,
+    qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, index_head_dim=8, index_n_heads=2, index_topk=4,
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+    mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, ssm_state_size=8, sliding_window=16,
+    global_attn_every_n_layers=2, decoder_sparse_step=1, pad_token_id=0, bos_token_id=2, eos_token_id=1,
+)
+VARIANTS = (
+    {}, {"num_key_value_heads": 4}, {"num_hidden_layers": 4}, {"num_key_value_heads": 4, "num_hidden_layers": 4},
+    {"num_hidden_layers": 8},
+)
+POLICIES = (("full", 1.0), ("lru", 0.5), ("gate", 0.5), ("seqmoe", 0.5), ("lru", None))
+"""Policy and cache ratio; ``None``: the smallest cache the model allows."""
+NEW_TOKENS = 8
+
+
+def moe_model_types() -> list[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    found = []
+    for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        try:
+            values = CONFIG_MAPPING[model_type]().to_dict()
+        except Exception:  # a default config that cannot be built says nothing about the engine
+            continue
+        text = values.get("text_config") or values
+        if any(isinstance(text.get(key), int) and text[key] > 1 for key in EXPERT_COUNT_KEYS):
+            found.append(model_type)
+    return found
+
+
+def sweep_one(model_type: str) -> dict[str, object]:
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from seqmoe import Engine, Sampling, load_model
+    from seqmoe.errors import SeqMoEError
+    from tests.core.conftest import build_model
+    from tests.core.test_equivalence import PROMPT, reference_tokens
+
+    transformers.utils.logging.set_verbosity_error()
+    config_class = CONFIG_MAPPING[model_type]
+    if set(config_class.sub_configs) - {"text_config"}:
+        return {"result": "skipped", "why": "multimodal"}
+    keys = config_class().to_dict()
+    greedy = Sampling(max_new_tokens=NEW_TOKENS)
+    problem = ""
+    for variant in VARIANTS:
+        settings = {key: value for key, value in {**SMALL, **variant}.items() if key in keys}
+        try:
+            folder = build_model(Path(tempfile.mkdtemp()) / model_type, config_class(**settings))
+            expected = reference_tokens(folder, greedy)
+            break
+        except Exception as error:  # the tiny model is this sweep's guess, not the architecture's fault
+            problem = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
+    else:
+        return {"result": "not built", "why": problem}
+    try:
+        engine = Engine(load_model(str(folder), device="cpu"))
+    except SeqMoEError as error:
+        return {"result": "refused", "why": str(error)}
+    try:
+        minimum = engine.geometry.minimum_slots / engine.geometry.total_experts
+        different = []
+        for policy, ratio in POLICIES:
+            engine.configure(policy, cache_ratio=minimum if ratio is None else ratio)
+            if engine.generate(PROMPT, greedy).token_ids != expected:
+                different.append(f"{policy}@{minimum if ratio is None else ratio:.2f}")
+    except Exception as error:
+        return {"result": "CRASH", "why": f"{type(error).__name__}: {error}"}
+    finally:
+        engine.close()
+    return {"result": "DIFFERENT", "why": ", ".join(different)} if different else {"result": "same", "why": ""}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_types", nargs="*", help="only these (default: every MoE causal LM)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per model type")
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(sweep_one(args.one)))
+        return 0
+    bad = 0
+    for model_type in args.model_types or moe_model_types():
+        try:
+            child = subprocess.run([sys.executable, __file__, "--one", model_type], capture_output=True, text=True,
+                                   timeout=args.timeout, cwd=ROOT)
+            lines = child.stdout.strip().splitlines()
+            outcome = json.loads(lines[-1]) if child.returncode == 0 and lines else {
+                "result": "CRASH", "why": f"exit status {child.returncode}: {child.stderr.strip()[-300:]}"}
+        except subprocess.TimeoutExpired:
+            outcome = {"result": "not built", "why": f"no result within {args.timeout} s (a large default config?)"}
+        bad += outcome["result"] in ("DIFFERENT", "CRASH")
+        print(f"{model_type:24} {outcome['result']:10} {outcome['why']}", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
