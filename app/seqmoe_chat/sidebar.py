@@ -80,6 +80,9 @@ class Sidebar(QWidget):
         self.new_button.clicked.connect(self.sig_new_requested)
         self.list = QListWidget()
         self.list.setItemDelegate(_SnippetDelegate(self.list))
+        # A long title ends in "…" (the view's elide mode) within the sidebar's width, instead
+        # of widening the list under a horizontal scroll bar.
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed | QAbstractItemView.EditTrigger.DoubleClicked)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._show_menu)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from .engine_import import import_engine
 from .store import EngineOptions, SamplingSettings
 from .token_text import TokenText
 
@@ -68,6 +69,7 @@ class LoadCancelled(Exception):
 
 def open_engine(model: str, options: EngineOptions, on_progress: Progress) -> Engine:
     """Load ``model`` (empty: the bundled demo model) and build its expert cache."""
+    import_engine()
     from seqmoe import Engine, load_model
     from seqmoe.resources import demo_model_dir
 

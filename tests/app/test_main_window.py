@@ -43,6 +43,14 @@ def test_ctrl_n_starts_a_new_chat_and_the_list_switches_between_chats(qtbot, win
     assert window.header.title.text() == "About cats"
 
 
+def test_a_long_title_is_cut_short_in_the_list_without_a_sideways_scroll_bar(qtbot, window) -> None:
+    chat(qtbot, window, "Hello! What do you like to do on weekends, and which of them would you recommend?")
+    sidebar = window.sidebar
+    sidebar.resize(200, 400)
+    qtbot.waitUntil(lambda: sidebar.list.viewport().width() < 200)
+    assert not sidebar.list.horizontalScrollBar().isVisible()
+
+
 def test_ctrl_f_searches_titles_and_message_text(qtbot, window) -> None:
     chat(qtbot, window, "Cooking pasta", "How much salt?")
     window.session.new_conversation()

@@ -15,7 +15,10 @@ from .background import run_in_background
 from .hub_panel import HubPanel
 from .tables import read_only_table
 
-COLUMNS = ("Model", "Parameters", "Experts", "Per expert", "Download", "Licence", "On this computer", "")
+COLUMNS = ("Model", "On this computer", "Parameters", "Experts", "Per expert", "Download", "Licence", "")
+FIT_COLUMN, LICENCE_COLUMN = 1, 6
+FIT_WIDTH = 250
+"""Pixels for what fits: the longest labels wrap onto a second line instead of squeezing the others."""
 CONNECTION_NOTE = "Downloads need a connection to the Hugging Face hub; models already here work offline."
 OFFLINE_NOTE = "Offline (HF_HUB_OFFLINE is set): downloads need a connection. Your library works as usual."
 
@@ -50,7 +53,12 @@ class CatalogTab(QWidget):
         self.connection.setObjectName("connectionNote")
         self.connection.setWordWrap(True)
         self.table = read_only_table(COLUMNS)
-        self.table.horizontalHeader().setSectionResizeMode(6, QHeaderView.ResizeMode.Stretch)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(FIT_COLUMN, QHeaderView.ResizeMode.Fixed)
+        header.resizeSection(FIT_COLUMN, FIT_WIDTH)
+        header.setSectionResizeMode(LICENCE_COLUMN, QHeaderView.ResizeMode.Stretch)
+        self.table.setWordWrap(True)
+        self.table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.hub = HubPanel()
         self.hub.sig_download_requested.connect(
             lambda model: self.sig_download_requested.emit(model.reference.repo_id, model.reference.revision, model.download_bytes)
@@ -74,20 +82,21 @@ class CatalogTab(QWidget):
         self.connection.setText(OFFLINE_NOTE if offline else CONNECTION_NOTE)
         for row, (entry, fits) in enumerate(view.rows):
             shape = entry.shape
-            stored = (f" ({size_text(entry.stored_bytes_per_expert)} as {entry.stored_dtype.upper()} on disk)"
+            stored = (f"{size_text(entry.stored_bytes_per_expert)} as {entry.stored_dtype.upper()} on disk, "
+                      f"{size_text(shape.bytes_per_expert)} in memory and over the link\n\n"
                       if entry.stored_bytes_per_expert != shape.bytes_per_expert else "")
             cells = (
                 entry.name,
+                fits.label if entry.runs else f"cannot run: {entry.refusal}",
                 f"{parameters_text(shape.parameters_total)} / {parameters_text(shape.parameters_active)} active",
                 f"{shape.moe_layers} layers × {shape.experts_per_layer}, top-{shape.top_k}",
-                size_text(shape.bytes_per_expert) + stored,
+                size_text(shape.bytes_per_expert),
                 size_text(entry.download_bytes),
                 entry.license + (f", gated ({entry.gated})" if entry.gated else ""),
-                fits.label if entry.runs else f"cannot run: {entry.refusal}",
             )
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)
-                item.setToolTip(f"{text}\n\n{entry.repo_id}: {entry.summary}\n\n{entry.notes}")
+                item.setToolTip(f"{text}\n\n{stored}{entry.repo_id}: {entry.summary}\n\n{entry.notes}")
                 self.table.setItem(row, column, item)
             button = QPushButton("Download")
             button.setEnabled(entry.runs and not offline)
@@ -97,7 +106,7 @@ class CatalogTab(QWidget):
 
     def fit_labels(self) -> dict[str, str]:
         """Model name to what the table says about fitting (for tests and accessibility checks)."""
-        return {self.table.item(r, 0).text(): self.table.item(r, 6).text() for r in range(self.table.rowCount())}
+        return {self.table.item(r, 0).text(): self.table.item(r, FIT_COLUMN).text() for r in range(self.table.rowCount())}
 
     def _on_failed(self, error: Exception) -> None:
         self.device_line.setText(f"The catalog could not be shown: {error}")

@@ -56,12 +56,16 @@ class LibraryTab(QWidget):
         layout.addWidget(self.calibration_text)
         layout.addWidget(self.message)
         manager.sig_library_changed.connect(self.show_items)
-        manager.sig_library_failed.connect(self.message.setText)
+        manager.sig_library_failed.connect(self._show_problem)
         manager.sig_calibration_changed.connect(self.show_calibration)
+        self._problem = ""
         self.show_items(manager.items)
+        self._show_problem(manager.library_problem)
         self.calibration.setVisible(False)
 
     def show_items(self, items: list[LibraryItem]) -> None:
+        if self._problem and self.message.text() == self._problem:
+            self._show_problem("")  # listed after all
         chosen = self.selected()
         self.items = items
         self.table.setRowCount(len(items))
@@ -73,6 +77,10 @@ class LibraryTab(QWidget):
             if chosen is not None and model.path == chosen.model.path:
                 self.table.selectRow(row)
         self._update_buttons()
+
+    def _show_problem(self, problem: str) -> None:
+        self._problem = problem
+        self.message.setText(problem)
 
     def selected(self) -> LibraryItem | None:
         rows = self.table.selectionModel().selectedRows()

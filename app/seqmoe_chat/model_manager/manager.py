@@ -38,6 +38,8 @@ class ModelManager(QObject):
         self.calibration = calibration or CalibrationRunner()
         self.library = Library(data_dir)
         self.items: list[LibraryItem] = []
+        self.library_problem = ""
+        """Why the last listing failed ("" after one that worked), for a Library tab opened later."""
         self._timer = QTimer(self)
         self._timer.setInterval(POLL_MS)
         self._timer.timeout.connect(self._poll)
@@ -103,11 +105,12 @@ class ModelManager(QObject):
         self.calibration.shut_down()
 
     def _on_listed(self, items: list[LibraryItem]) -> None:
-        self.items = items
+        self.items, self.library_problem = items, ""
         self.sig_library_changed.emit(items)
 
     def _on_list_failed(self, error: Exception) -> None:
-        self.sig_library_failed.emit(f"The library could not be listed: {error}")
+        self.library_problem = f"The library could not be listed: {error}"
+        self.sig_library_failed.emit(self.library_problem)
 
     def _follow(self) -> None:
         self.sig_downloads_changed.emit()

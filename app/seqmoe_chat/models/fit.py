@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..engine_import import import_engine
 from .model_shape import ModelShape
 
 EMULATED_VRAM_BYTES = 8 * 2**30
@@ -40,6 +41,8 @@ def probe_device(budget_bytes: int | None = None) -> DeviceMemory:
     """The VRAM budget chosen in the settings, else the CUDA device's memory
     (``torch.cuda.mem_get_info``), else the emulated GPU's; and the RAM."""
     import psutil
+
+    import_engine()
     import torch
 
     ram = psutil.virtual_memory().total
@@ -50,6 +53,7 @@ def probe_device(budget_bytes: int | None = None) -> DeviceMemory:
 
 
 def fit(shape: ModelShape, device: DeviceMemory) -> Fit:
+    import_engine()
     from seqmoe.budget import WORKSPACE_BYTES, BudgetTooSmall, CacheGeometry
 
     # The loader reads every weight into host memory before the experts are split off.

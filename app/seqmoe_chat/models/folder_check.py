@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..engine_import import import_engine
+
 
 def check_model_folder(path: Path) -> str:
     """The model's architecture; raises ``seqmoe.ModelRefused`` with the loader's reason."""
+    import_engine()
     from seqmoe.loader import check_supported, check_weights, load_tokenizer, read_config
 
     config = read_config(path)

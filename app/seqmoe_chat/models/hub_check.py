@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
+from ..engine_import import import_engine
 from .hub_errors import INVALID, NO_WEIGHTS, UNSUPPORTED, HubRefusal, describe
 from .model_shape import ModelShape, shape_of_skeleton
 from .repo_files import INDEX_FILE, RemoteFile, download_set, remote_files, total_size
@@ -59,6 +60,7 @@ def parse_reference(text: str) -> HubReference:
 
 def check_repo(reference: HubReference, endpoint: str | None = None) -> HubModel:
     """The model behind ``reference``, or ``HubRefusal`` saying why it cannot be offered."""
+    import_engine()
     from huggingface_hub import HfApi
     from seqmoe.errors import ModelRefused
     from seqmoe.loader import check_supported, read_config

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..engine_import import import_engine
+
 if TYPE_CHECKING:
     from torch import nn
     from transformers import PretrainedConfig
@@ -49,6 +51,7 @@ class ModelShape:
 
 
 def kv_bytes_of(config: PretrainedConfig, dtype_bytes: int) -> int:
+    import_engine()
     from seqmoe.budget import kv_cache_bytes
 
     return kv_cache_bytes(config, KV_CONTEXT_TOKENS, dtype_bytes)
@@ -56,6 +59,7 @@ def kv_bytes_of(config: PretrainedConfig, dtype_bytes: int) -> int:
 
 def shape_of_catalog_entry(entry: dict[str, Any]) -> ModelShape:
     """From a catalog entry: its figures, and the attention fields of its config for the KV reserve."""
+    import_engine()
     from transformers import PretrainedConfig
 
     dtype_bytes = int(entry["dtype_bytes"])
@@ -72,6 +76,7 @@ def shape_of_catalog_entry(entry: dict[str, Any]) -> ModelShape:
 
 def shape_of_skeleton(config: PretrainedConfig, skeleton: nn.Module) -> ModelShape:
     """From the meta-device model that ``seqmoe.loader.check_supported`` returns."""
+    import_engine()
     from seqmoe.loader import find_experts, top_k_of
     from seqmoe.store import expert_parameters
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..engine_import import import_engine
+
 NOT_CALIBRATED = "not calibrated"
 
 
@@ -21,6 +23,7 @@ class PredictorState:
 
 
 def predictor_state(folder: Path) -> PredictorState:
+    import_engine()
     from seqmoe.predictor.calibration import bundled_predictor_paths, user_predictor_path
 
     try:

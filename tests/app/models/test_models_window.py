@@ -11,6 +11,7 @@ import pytest
 from PySide6.QtWidgets import QPushButton
 
 from seqmoe_chat.model_manager import catalog_tab, prompts
+from seqmoe_chat.model_manager.catalog_tab import COLUMNS
 from seqmoe_chat.model_manager.dialog import ModelsDialog
 from seqmoe_chat.model_manager.manager import ModelManager
 from seqmoe_chat.models.calibration_job import CalibrationRunner
@@ -60,7 +61,8 @@ def test_the_catalog_lists_every_model_with_what_fits_this_computer(qtbot, windo
     assert labels["DeepSeek-V2-Lite Chat"] == "runs with SeqMoE at 74% cached"
     assert dialog.catalog.device_line.text() == "Test GPU: 24.0 GiB of VRAM, 64.0 GiB of RAM"
     gpt_oss = next(r for r in range(10) if dialog.catalog.table.item(r, 0).text() == "gpt-oss-20b")
-    assert dialog.catalog.table.item(gpt_oss, 3).text() == "49.8 MB (13.2 MB as MXFP4 on disk)"
+    per_expert = dialog.catalog.table.item(gpt_oss, COLUMNS.index("Per expert"))
+    assert per_expert.text() == "49.8 MB" and "13.2 MB as MXFP4 on disk" in per_expert.toolTip()
 
 
 def test_offline_the_catalog_says_downloads_need_a_connection(qtbot, window) -> None:
@@ -133,3 +135,27 @@ def test_calibration_shows_progress_and_its_result(qtbot, window, data_dir: Path
     assert library.calibration_text.text().startswith(f"Calibrating {folder.name}: Training the predictor")
     qtbot.waitUntil(lambda: not dialog.manager.calibration.busy, timeout=30_000)
     assert library.calibration_text.text().startswith("calibrated in 1 s") and library.calibration.isHidden()
+
+
+def test_a_library_that_could_not_be_listed_says_so_in_a_tab_opened_later(
+    qtbot, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(catalog_tab, "probe_device", lambda budget: RTX_4090)
+    manager = ModelManager(data_dir, downloads=DownloadRunner(data_dir))
+    listing = manager.library.items
+    problems = [OSError("Permission denied: 'models'")]
+
+    def items_once_failing():
+        if problems:
+            raise problems.pop()
+        return listing()
+
+    monkeypatch.setattr(manager.library, "items", items_once_failing)
+    manager.refresh_library()  # as at start, before anyone opens the Models window
+    qtbot.waitUntil(lambda: manager.library_problem != "", timeout=10_000)
+    dialog = ModelsDialog(manager)
+    qtbot.addWidget(dialog)
+    assert dialog.library.message.text() == "The library could not be listed: Permission denied: 'models'"
+    manager.refresh_library()
+    qtbot.waitUntil(lambda: dialog.library.table.rowCount() > 0, timeout=30_000)
+    assert dialog.library.message.text() == ""
