@@ -34,7 +34,7 @@ def test_the_window_chats_with_the_real_engine(qtbot, tiny_model: Path, data_dir
     thread = window.store.thread(window.session.conversation_id)
     assert [state for _, _, state in stored(window)] == [DONE] * 4
     stats = thread[-1].message.stats
-    assert stats["tokens"] > 0 and stats["policy"] == "lru" and thread[-1].message.model_id == "tiny-qwen3-moe"
+    assert stats["tokens"] > 0 and stats["policy"] == "seqmoe" and thread[-1].message.model_id == "tiny-qwen3-moe"
     assert "tok/s" in list(window.chat.widgets.values())[-1].note.text()
     print(f"\nreal engine, tiny model: first token {stats['time_to_first_token'] * 1000:.0f} ms, "
           f"{stats['tokens_per_s']:.1f} tok/s, longest GUI stall {stats['gui_stall_ms']:.0f} ms")

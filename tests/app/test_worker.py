@@ -39,7 +39,7 @@ def test_loading_reports_progress_and_replies_stream(worker: EngineWorker, tiny_
     fractions = [fraction for _, _, fraction in recorder.of("sig_load_progressed")]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0 and len(fractions) >= 4
     ((_, info),) = recorder.of("sig_model_loaded")
-    assert (info.name, info.device, info.architecture, info.policy) == ("tiny-qwen3-moe", "cpu", "Qwen3MoeForCausalLM", "lru")
+    assert (info.name, info.device, info.architecture, info.policy) == ("tiny-qwen3-moe", "cpu", "Qwen3MoeForCausalLM", "seqmoe")
     worker.generate(2, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}], GREEDY)
     ((_, result),) = recorder.of("sig_reply_finished")
     assert isinstance(result, ReplyResult) and not result.stopped and result.model_id == "tiny-qwen3-moe"

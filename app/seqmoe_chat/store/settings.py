@@ -42,7 +42,7 @@ class EngineOptions:
     """How the worker opens a model and sizes its expert cache."""
 
     device: str = "auto"
-    policy: str = "lru"
+    policy: str = "seqmoe"  # the predictor-driven cache; "lru" etc. for comparison
     cache_ratio: float = 0.45
     vram_budget_gb: float | None = None  # when set, the cache is sized by this budget instead of the ratio
     link_gbps: float = DEFAULT_LINK_GBPS  # the emulated link's speed (machines without a CUDA GPU)
