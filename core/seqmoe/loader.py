@@ -29,6 +29,7 @@ from transformers import (
 )
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
     MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
     MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES,
     MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
@@ -165,7 +166,12 @@ def check_supported(config: PretrainedConfig) -> nn.Module:
     try:
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
-    except (ValueError, KeyError):
+    except Exception as error:  # building from the config alone: any error means the config is unusable
+        if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            raise ModelRefused(
+                f"transformers cannot build a {config.model_type!r} model from this config.json: "
+                f"{type(error).__name__}: {_first_line(error)}"
+            ) from None
         raise ModelRefused(
             f"{config.model_type!r} is {_kind_of_model(config.model_type)}, not a text-only causal language model "
             "(transformers has no ...ForCausalLM class for it); seqmoe runs causal language models"

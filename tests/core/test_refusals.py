@@ -76,6 +76,15 @@ def test_an_moe_that_is_no_causal_lm_says_what_it_is(
     assert_refused(capsys, tmp_path, repr(config.model_type), kind, "not a text-only causal language model")
 
 
+def test_a_config_transformers_cannot_build_is_refused_with_its_error(
+    capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path
+) -> None:
+    folder = copy_model(mixtral_dir, tmp_path / "bad-activation")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "hidden_act": "no-such-activation"}))
+    assert_refused(capsys, folder, "cannot build a 'mixtral' model from this config.json", "no-such-activation")
+
+
 def test_remote_code_is_refused_and_never_run(capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path) -> None:
     folder = copy_model(mixtral_dir, tmp_path / "remote")
     marker = tmp_path / "remote-code-ran"
