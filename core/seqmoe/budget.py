@@ -53,8 +53,9 @@ class CacheGeometry:
             need = self.minimum_slots
             raise BudgetTooSmall(
                 f"{asked} leaves {slots} expert slots, below this model's minimum of {need} "
-                f"(top-k {self.top_k} + 1): use --cache-ratio {math.ceil(need / self.total_experts * 100) / 100:.2f} "
-                f"or --vram-budget {math.ceil(self.budget_bytes_for(need) / 2**30 * 100) / 100:.2f} or more"
+                f"(top-k {self.top_k} + 1): it needs a cache ratio of at least "
+                f"{math.ceil(need / self.total_experts * 100) / 100:.2f} or a VRAM budget of at least "
+                f"{math.ceil(self.budget_bytes_for(need) / 2**30 * 100) / 100:.2f} GB"
             )
         return slots
 

@@ -274,7 +274,16 @@ def pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ModelRefused("--device cuda was asked for, but this PyTorch build sees no CUDA GPU")
+        # The app's settings and the command line both reach this: name the fix, not a flag.
+        if torch.version.cuda is None:
+            raise ModelRefused(
+                "the CUDA GPU was asked for, but this PyTorch is a CPU-only build: install PyTorch's CUDA build "
+                "(pytorch.org, Get Started), or run on the CPU"
+            )
+        raise ModelRefused(
+            f"the CUDA GPU was asked for, but PyTorch (built for CUDA {torch.version.cuda}) finds no working "
+            "NVIDIA GPU and driver; run on the CPU, or check the driver (nvidia-smi)"
+        )
     if device not in ("cpu", "cuda"):
         raise ModelRefused(f"unknown device {device!r}; choose auto, cpu or cuda")
     return torch.device(device)
@@ -323,7 +332,7 @@ def load_model(model: str, device: str = "auto", dtype: str | None = None, on_pr
         _place(hf_model, experts, host, target)
     except torch.OutOfMemoryError:
         raise ModelRefused(
-            f"{path.name}'s non-expert weights do not fit in {target.type} memory; free memory or use --device cpu"
+            f"{path.name}'s non-expert weights do not fit in {target.type} memory; free device memory, or run on the CPU"
         ) from None
     progress("Ready", 1.0)
     return LoadedModel(

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import transformers
 
 from seqmoe.cli import main
@@ -150,7 +151,13 @@ def test_missing_tokenizer(capsys: pytest.CaptureFixture[str], mixtral_dir: Path
 
 
 def test_budget_below_minimum(capsys: pytest.CaptureFixture[str], mixtral_dir: Path) -> None:
-    assert_refused(capsys, mixtral_dir, "minimum of 3", "--cache-ratio 0.13", extra=("--cache-ratio", "0.05"))
+    assert_refused(capsys, mixtral_dir, "minimum of 3", "a cache ratio of at least 0.13", extra=("--cache-ratio", "0.05"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_the_cuda_gpu_asked_for_without_one_names_the_fix(capsys: pytest.CaptureFixture[str], mixtral_dir: Path) -> None:
+    fix = "install PyTorch's CUDA build" if torch.version.cuda is None else "check the driver"
+    assert_refused(capsys, mixtral_dir, "the CUDA GPU was asked for", fix, extra=("--device", "cuda"))
 
 
 def test_vram_budget_below_resident_weights(capsys: pytest.CaptureFixture[str], mixtral_dir: Path) -> None:
