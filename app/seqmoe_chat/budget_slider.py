@@ -18,15 +18,19 @@ MAX_GB_WITHOUT_MODEL = 1024.0
 
 class BudgetSlider(QWidget):
     def __init__(self, model: ModelInfo | None, available_bytes: int | None, speeds: dict[int, float],
-                 budget_gb: float | None, cache_ratio: float, parent: QWidget | None = None) -> None:
+                 budget_gb: float | None, cache_ratio: float, automatic_bytes: int | None = None,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.model = model
         self.cache_ratio = cache_ratio
+        self.automatic_bytes = automatic_bytes
         self.speeds = speeds
         geometry = model.geometry if model is not None else None
         self.enabled_box = QCheckBox("Size the expert cache by a VRAM budget")
-        self.enabled_box.setToolTip(f"Unchecked: the cache holds {cache_ratio:.0%} of the experts, "
-                                    "whatever memory that takes")
+        self.enabled_box.setToolTip(
+            "Unchecked: on a CUDA GPU the cache takes what the free VRAM holds when the model loads, up to "
+            f"every expert; on the CPU (emulated GPU) it holds {cache_ratio:.0%} of the experts"
+        )
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.spin = QDoubleSpinBox()
         self.spin.setSuffix(" GB")
@@ -99,6 +103,9 @@ class BudgetSlider(QWidget):
         self.spin.setEnabled(on)
         if on:
             slots, speed, fit = describe_budget(self.model, int(self.spin.value() * GB), self.speeds)
+        elif self.automatic_bytes is not None:
+            slots, speed, fit = describe_budget(self.model, self.automatic_bytes, self.speeds)
+            slots = f"{slots}, sized to the free VRAM"
         elif self.model is not None and self.model.geometry is not None:
             slots, speed, fit = describe_slots(self.model, round(self.cache_ratio * self.model.total_experts),
                                                self.speeds)

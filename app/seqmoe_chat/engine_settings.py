@@ -14,7 +14,7 @@ from .panel.memory_monitor import MemorySample
 from .store import EngineOptions
 from .store.settings import DEVICES, POLICIES
 from .store.speed_history import measured_speeds
-from .worker import ModelInfo
+from .worker import AUTO_BUDGET_MARGIN, ModelInfo
 
 POLICY_NAMES = {
     "seqmoe": "seqmoe: predict the next layers' experts and load them ahead",
@@ -33,16 +33,25 @@ class EngineContext:
     model: ModelInfo | None = None
     available_bytes: int | None = None
     speeds_for: Callable[[str], dict[int, float]] = lambda _policy: {}
+    automatic_bytes: int | None = None
+    """The budget the worker gives the cache when the user sets none (a CUDA device only)."""
 
 
 def engine_context(model: ModelInfo | None, memory: MemorySample, chats: sqlite3.Connection) -> EngineContext:
-    """On a CUDA device a budget can use the free VRAM plus what this process holds; on the
-    CPU the emulated budget goes up to the model's full size."""
+    """On a CUDA device a budget can use the free VRAM plus what this process holds, and the
+    automatic one leaves a margin of the free VRAM as the worker does; on the CPU the emulated
+    budget goes up to the model's full size."""
     if model is None:
         return EngineContext()
     gpu = memory.gpu if model.device.startswith("cuda") else None
-    return EngineContext(model, gpu.available_to_this_process if gpu is not None else None,
-                         lambda policy: measured_speeds(chats, model.name, policy, model.device))
+
+    def speeds_for(policy: str) -> dict[int, float]:
+        return measured_speeds(chats, model.name, policy, model.device)
+
+    if gpu is None:
+        return EngineContext(model, None, speeds_for)
+    automatic = gpu.this_process + int((1 - AUTO_BUDGET_MARGIN) * (gpu.total - gpu.used))
+    return EngineContext(model, gpu.available_to_this_process, speeds_for, automatic)
 
 
 class EnginePage(QWidget):
@@ -72,7 +81,7 @@ class EnginePage(QWidget):
         horizon_layout.addWidget(self.horizon)
         horizon_layout.addWidget(self.horizon_note)
         self.budget = BudgetSlider(model, context.available_bytes, self.speeds_for(options.policy),
-                                   options.vram_budget_gb, options.cache_ratio)
+                                   options.vram_budget_gb, options.cache_ratio, context.automatic_bytes)
         self.policy.currentIndexChanged.connect(self._on_policy_changed)
         layout = QFormLayout(self)
         layout.addRow("Device", self.device)

@@ -11,6 +11,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import torch
+
 from seqmoe import ModelRefused, SeqMoEError
 from seqmoe.budget import CacheGeometry
 from seqmoe.events import EventBus
@@ -96,7 +98,7 @@ class FakeEngine:
             config=SimpleNamespace(max_position_embeddings=4096),
             host=SimpleNamespace(num_layers=2, layout=SimpleNamespace(num_experts=12)),
         )
-        self.device = "cpu"
+        self.device = torch.device("cpu")  # as the engine's
         self.link = "emulated"
         self.link_gbps = 25.0
         self.policy_name = "lru"

@@ -3,6 +3,7 @@ budget applied to the real demo model between two generations without reloading 
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import replace
 
 import pytest
@@ -12,11 +13,12 @@ from seqmoe.resources import demo_model_dir
 
 from seqmoe_chat.budget_slider import GB, BudgetSlider, describe_budget
 from seqmoe_chat.engine_client import EngineClient
-from seqmoe_chat.engine_settings import EngineContext, horizon_text
+from seqmoe_chat.engine_settings import EngineContext, engine_context, horizon_text
+from seqmoe_chat.panel.memory_monitor import GpuMemory, MemorySample
 from seqmoe_chat.settings_dialog import SettingsDialog
 from seqmoe_chat.store import EngineOptions, SamplingSettings, Settings
 from seqmoe_chat.store.speed_history import expected_speed
-from seqmoe_chat.worker import ModelInfo
+from seqmoe_chat.worker import AUTO_BUDGET_MARGIN, ModelInfo
 
 from .test_chat import send, wait_idle
 
@@ -46,6 +48,26 @@ def test_the_slider_shows_slots_ratio_speed_and_fit_live(qtbot) -> None:
     assert slider.budget_gb() == round(slider.spin.value(), 3)
     slider.enabled_box.setChecked(False)
     assert slider.budget_gb() is None and slider.slots.text().startswith("29 of 64")
+
+
+def test_unchecked_on_a_gpu_the_cache_is_sized_to_the_free_vram(qtbot) -> None:
+    automatic = GEOMETRY.budget_bytes_for(40) + GB // 100
+    slider = BudgetSlider(MODEL, available_bytes=8 * GB, speeds={}, budget_gb=None, cache_ratio=0.45,
+                          automatic_bytes=automatic)
+    qtbot.addWidget(slider)
+    assert slider.budget_gb() is None
+    assert slider.slots.text() == "40 of 64 (cache ratio 0.62), sized to the free VRAM"
+    assert "free VRAM" in slider.enabled_box.toolTip()
+
+
+def test_the_engine_page_knows_the_automatic_budget_on_a_gpu_only() -> None:
+    gpu = GpuMemory("Test GPU", total=24 * GB, used=10 * GB, this_process=4 * GB, pcie_rx_bytes_per_s=None)
+    sample = MemorySample(gpu, "", None, "")
+    on_gpu = engine_context(MODEL, sample, sqlite3.connect(":memory:"))
+    assert on_gpu.available_bytes == 18 * GB
+    assert on_gpu.automatic_bytes == 4 * GB + int((1 - AUTO_BUDGET_MARGIN) * 14 * GB)
+    on_cpu = engine_context(replace(MODEL, device="cpu"), sample, sqlite3.connect(":memory:"))
+    assert on_cpu.available_bytes is None and on_cpu.automatic_bytes is None
 
 
 def test_the_slider_stops_at_the_available_vram_and_says_not_measured_yet(qtbot) -> None:

@@ -102,6 +102,13 @@ def test_budget_sizes_the_cache_unless_the_policy_keeps_everything() -> None:
     assert EngineOptions(policy="full", vram_budget_gb=1.5).cache_size() == {"cache_ratio": 1.0}
 
 
+def test_without_a_budget_of_the_users_a_gpu_cache_takes_the_free_vram_and_the_cpu_the_ratio() -> None:
+    assert EngineOptions().cache_size(device_budget_gb=20.5) == {"vram_budget_gb": 20.5}
+    assert EngineOptions(vram_budget_gb=1.5).cache_size(device_budget_gb=20.5) == {"vram_budget_gb": 1.5}
+    assert EngineOptions(policy="full").cache_size(device_budget_gb=20.5) == {"cache_ratio": 1.0}
+    assert EngineOptions(cache_ratio=0.3).cache_size(device_budget_gb=None) == {"cache_ratio": 0.3}
+
+
 def test_the_settings_file_lives_with_a_chosen_data_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert config_dir(tmp_path / "profile") == tmp_path / "profile"
     monkeypatch.setenv(CONFIG_DIR_ENV, str(tmp_path / "elsewhere"))

@@ -48,12 +48,19 @@ class EngineOptions:
     link_gbps: float = DEFAULT_LINK_GBPS  # the emulated link's speed (machines without a CUDA GPU)
     horizon: int | None = None  # MoE layers the seqmoe policy forecasts ahead; None: as far as its predictor sees
 
-    def cache_size(self) -> dict[str, float]:
-        """The keyword that sizes the cache in ``Engine.configure`` and ``Engine.resize``."""
+    def cache_size(self, device_budget_gb: float | None = None) -> dict[str, float]:
+        """The keyword that sizes the cache in ``Engine.configure`` and ``Engine.resize``.
+
+        Without a budget of the user's, a CUDA device's cache takes what its free memory
+        allows (``device_budget_gb``, from the worker), up to every expert; the cache ratio
+        applies where there is no such memory to measure (the CPU's emulated GPU).
+        """
         if self.policy == "full":
             return {"cache_ratio": 1.0}
         if self.vram_budget_gb is not None:
             return {"vram_budget_gb": self.vram_budget_gb}
+        if device_budget_gb is not None:
+            return {"vram_budget_gb": device_budget_gb}
         return {"cache_ratio": self.cache_ratio}
 
     @classmethod
