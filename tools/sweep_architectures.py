@@ -69,7 +69,7 @@ def moe_model_types() -> list[str]:
     return found
 
 
-def sweep_one(model_type: str) -> dict[str, object]:
+def sweep_one(model_type: str, workdir: Path) -> dict[str, object]:
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -85,10 +85,10 @@ def sweep_one(model_type: str) -> dict[str, object]:
     keys = config_class().to_dict()
     greedy = Sampling(max_new_tokens=NEW_TOKENS)
     problem = ""
-    for variant in VARIANTS:
+    for number, variant in enumerate(VARIANTS):
         settings = {key: value for key, value in {**SMALL, **variant}.items() if key in keys}
         try:
-            folder = build_model(Path(tempfile.mkdtemp()) / model_type, config_class(**settings))
+            folder = build_model(workdir / f"{model_type}-{number}", config_class(**settings))
             expected = reference_tokens(folder, greedy)
             break
         except Exception as error:  # the tiny model is this sweep's guess, not the architecture's fault
@@ -117,16 +117,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_types", nargs="*", help="only these (default: every MoE causal LM)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--timeout", type=int, default=300, help="seconds per model type")
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(sweep_one(args.one)))
+        print(json.dumps(sweep_one(args.one, args.workdir)))
         return 0
     bad = 0
     for model_type in args.model_types or moe_model_types():
         try:
-            child = subprocess.run([sys.executable, __file__, "--one", model_type], capture_output=True, text=True,
-                                   timeout=args.timeout, cwd=ROOT)
+            # The child's tiny checkpoints go, even when the timeout kills it.
+            with tempfile.TemporaryDirectory(prefix="seqmoe-sweep-") as workdir:
+                child = subprocess.run([sys.executable, __file__, "--one", model_type, "--workdir", workdir],
+                                       capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
             lines = child.stdout.strip().splitlines()
             outcome = json.loads(lines[-1]) if child.returncode == 0 and lines else {
                 "result": "CRASH", "why": f"exit status {child.returncode}: {child.stderr.strip()[-300:]}"}
