@@ -32,7 +32,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 SMALL = dict(
     vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,
     moe_shared_expert_intermediate_size=32, expert_hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
@@ -57,14 +56,16 @@ def moe_model_types() -> list[str]:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    from seqmoe.layer_configs import largest_int
+    from seqmoe.loader import EXPERT_COUNT_KEYS
+
     found = []
     for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         try:
-            values = CONFIG_MAPPING[model_type]().to_dict()
-        except Exception:  # a default config that cannot be built says nothing about the engine
+            experts = largest_int(CONFIG_MAPPING[model_type](), EXPERT_COUNT_KEYS)
+        except Exception:  # a default config that cannot be built or read says nothing about the engine
             continue
-        text = values.get("text_config") or values
-        if any(isinstance(text.get(key), int) and text[key] > 1 for key in EXPERT_COUNT_KEYS):
+        if experts > 1:
             found.append(model_type)
     return found
 

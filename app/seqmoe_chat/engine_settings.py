@@ -14,7 +14,7 @@ from .panel.memory_monitor import MemorySample
 from .store import EngineOptions
 from .store.settings import DEVICES, POLICIES
 from .store.speed_history import measured_speeds
-from .worker import AUTO_BUDGET_MARGIN, ModelInfo
+from .worker import ModelInfo
 
 POLICY_NAMES = {
     "seqmoe": "seqmoe: predict the next layers' experts and load them ahead",
@@ -50,7 +50,9 @@ def engine_context(model: ModelInfo | None, memory: MemorySample, chats: sqlite3
 
     if gpu is None:
         return EngineContext(model, None, speeds_for)
-    automatic = gpu.this_process + int((1 - AUTO_BUDGET_MARGIN) * (gpu.total - gpu.used))
+    from seqmoe.budget import budget_for_free_memory  # loaded with the model already
+
+    automatic = budget_for_free_memory(gpu.this_process, gpu.total - gpu.used)
     return EngineContext(model, gpu.available_to_this_process, speeds_for, automatic)
 
 

@@ -67,23 +67,6 @@ class LoadCancelled(Exception):
     """Raised from the loader's progress callback to abandon a load."""
 
 
-AUTO_BUDGET_MARGIN = 0.1
-"""Share of the free VRAM left out of an automatic budget: for other programs, the CUDA
-context's growth and fragmentation beyond the engine's own workspace reserve."""
-
-
-def device_budget_gb(engine: Engine) -> float | None:
-    """On a CUDA device, the VRAM budget the engine can have now: all that PyTorch holds in this
-    process (the model's weights, the expert cache, freed blocks it keeps) and most of the free
-    memory; ``None`` elsewhere."""
-    if engine.device.type != "cuda":
-        return None
-    import torch
-
-    free, _total = torch.cuda.mem_get_info(engine.device)
-    return (torch.cuda.memory_reserved(engine.device) + free * (1 - AUTO_BUDGET_MARGIN)) / 2**30
-
-
 def open_engine(model: str, options: EngineOptions, on_progress: Progress) -> Engine:
     """Load ``model`` (empty: the bundled demo model) and build its expert cache."""
     import_engine()
@@ -94,7 +77,7 @@ def open_engine(model: str, options: EngineOptions, on_progress: Progress) -> En
     engine = Engine(loaded, link_gbps=options.link_gbps)
     engine.horizon = options.horizon
     try:
-        engine.configure(options.policy, **options.cache_size(device_budget_gb(engine)))
+        engine.configure(options.policy, **options.cache_size(engine.free_memory_budget_gb()))
     except BaseException:
         engine.close()
         raise
@@ -222,9 +205,9 @@ class EngineWorker(QObject):
         try:
             if before[:3] != (options.policy, options.link_gbps, options.horizon):
                 engine.link_gbps, engine.horizon = options.link_gbps, options.horizon
-                engine.configure(options.policy, **options.cache_size(device_budget_gb(engine)))
+                engine.configure(options.policy, **options.cache_size(engine.free_memory_budget_gb()))
             elif options.policy != "full":
-                engine.resize(**options.cache_size(device_budget_gb(engine)))
+                engine.resize(**options.cache_size(engine.free_memory_budget_gb()))
         except Exception as error:  # the model stays usable with the configuration it had
             if not _is_engine_error(error):
                 log.exception("reconfiguring the cache failed")

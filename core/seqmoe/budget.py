@@ -17,6 +17,14 @@ from .layer_configs import layer_configs
 
 WORKSPACE_BYTES = {"cuda": 512 * 2**20, "cpu": 64 * 2**20}
 """CUDA reserves room for its context, cuBLAS workspaces and allocator fragmentation."""
+FREE_MEMORY_MARGIN = 0.1
+"""Share of a device's free memory that a budget sized to it leaves out: for other programs, the
+CUDA context's growth and fragmentation beyond ``WORKSPACE_BYTES``."""
+
+
+def budget_for_free_memory(held_bytes: int, free_bytes: int) -> int:
+    """A budget sized to the device: what this process holds on it and most of its free memory."""
+    return held_bytes + int((1 - FREE_MEMORY_MARGIN) * free_bytes)
 
 
 @dataclass(frozen=True)

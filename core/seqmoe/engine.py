@@ -18,7 +18,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from . import experts as experts_impl
-from .budget import WORKSPACE_BYTES, CacheGeometry, kv_cache_bytes
+from .budget import WORKSPACE_BYTES, CacheGeometry, budget_for_free_memory, kv_cache_bytes
 from .cache import ExpertCache
 from .errors import BudgetTooSmall, SeqMoEError
 from .events import EventBus, TokenGenerated
@@ -130,6 +130,15 @@ class Engine:
     @property
     def cache_slots(self) -> int:
         return self.cache.size if self.cache is not None else self.geometry.total_experts
+
+    def free_memory_budget_gb(self) -> float | None:
+        """On a CUDA device, the VRAM budget its free memory allows now (``budget_for_free_memory``:
+        all that PyTorch holds in this process, weights, cache and freed blocks it keeps, and most
+        of the free memory); ``None`` where there is no device memory to measure."""
+        if self.device.type != "cuda":
+            return None
+        free, _total = torch.cuda.mem_get_info(self.device)
+        return budget_for_free_memory(torch.cuda.memory_reserved(self.device), free) / 2**30
 
     def configure(
         self,

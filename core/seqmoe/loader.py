@@ -41,7 +41,8 @@ from .layer_configs import largest_int
 from .store import HostStore, expert_parameters
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+"""The config keys that transformers' MoE architectures name their routed-expert count by."""
 _TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEQUANTIZED_ON_LOAD: dict[str, Callable[[], object]] = {"mxfp4": lambda: Mxfp4Config(dequantize=True)}
@@ -185,7 +186,7 @@ def check_supported(config: PretrainedConfig) -> nn.Module:
         )
     if find_experts(skeleton):
         return skeleton
-    if largest_int(config, _EXPERT_COUNT_KEYS) > 1:
+    if largest_int(config, EXPERT_COUNT_KEYS) > 1:
         raise ModelRefused(
             f"{architecture} is an MoE whose experts do not use transformers' experts interface; "
             "seqmoe cannot offload it"

@@ -11,8 +11,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import torch
-
 from seqmoe import ModelRefused, SeqMoEError
 from seqmoe.budget import CacheGeometry
 from seqmoe.events import EventBus
@@ -98,7 +96,7 @@ class FakeEngine:
             config=SimpleNamespace(max_position_embeddings=4096),
             host=SimpleNamespace(num_layers=2, layout=SimpleNamespace(num_experts=12)),
         )
-        self.device = torch.device("cpu")  # as the engine's
+        self.device = "cpu"
         self.link = "emulated"
         self.link_gbps = 25.0
         self.policy_name = "lru"
@@ -115,6 +113,9 @@ class FakeEngine:
 
     def max_horizon(self) -> int:
         return 1  # no predictor: the router fallback looks one layer ahead
+
+    def free_memory_budget_gb(self) -> float | None:
+        return None  # a CPU engine: no device memory to size the cache to
 
     def configure(self, policy: str = "lru", cache_ratio: float | None = None, vram_budget_gb: float | None = None) -> None:
         self.policy_name = policy

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 from PySide6.QtCore import QEventLoop, QObject, QTimer, Slot
-from seqmoe.budget import CacheGeometry
+from seqmoe.budget import FREE_MEMORY_MARGIN, CacheGeometry
 from seqmoe.resources import demo_model_dir
 
 from seqmoe_chat.budget_slider import GB, BudgetSlider, describe_budget
@@ -18,7 +18,7 @@ from seqmoe_chat.panel.memory_monitor import GpuMemory, MemorySample
 from seqmoe_chat.settings_dialog import SettingsDialog
 from seqmoe_chat.store import EngineOptions, SamplingSettings, Settings
 from seqmoe_chat.store.speed_history import expected_speed
-from seqmoe_chat.worker import AUTO_BUDGET_MARGIN, ModelInfo
+from seqmoe_chat.worker import ModelInfo
 
 from .test_chat import send, wait_idle
 
@@ -65,7 +65,7 @@ def test_the_engine_page_knows_the_automatic_budget_on_a_gpu_only() -> None:
     sample = MemorySample(gpu, "", None, "")
     on_gpu = engine_context(MODEL, sample, sqlite3.connect(":memory:"))
     assert on_gpu.available_bytes == 18 * GB
-    assert on_gpu.automatic_bytes == 4 * GB + int((1 - AUTO_BUDGET_MARGIN) * 14 * GB)
+    assert on_gpu.automatic_bytes == 4 * GB + int((1 - FREE_MEMORY_MARGIN) * 14 * GB)
     on_cpu = engine_context(replace(MODEL, device="cpu"), sample, sqlite3.connect(":memory:"))
     assert on_cpu.available_bytes is None and on_cpu.automatic_bytes is None
 

@@ -4,7 +4,6 @@ cancellation, streaming, stopping within a token, failures, long conversations."
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -97,18 +96,3 @@ def test_a_long_conversation_is_trimmed_to_the_models_context(worker: EngineWork
     worker.generate(2, [{"role": "system", "content": "Be brief."}, *history], SamplingSettings(max_new_tokens=500, seed=3))
     ((_, result),) = recorder.of("sig_reply_finished")
     assert result.stats["prompt_tokens"] + result.stats["tokens"] <= 256
-
-
-def test_the_automatic_budget_on_a_cuda_device_is_what_pytorch_holds_and_most_of_the_free_vram(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import torch
-
-    from seqmoe_chat import worker
-
-    gib = 2**30
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * gib, 24 * gib))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 3 * gib)
-    on_gpu = SimpleNamespace(device=torch.device("cuda", 0))
-    assert worker.device_budget_gb(on_gpu) == pytest.approx(3 + 10 * (1 - worker.AUTO_BUDGET_MARGIN))
-    assert worker.device_budget_gb(SimpleNamespace(device=torch.device("cpu"))) is None

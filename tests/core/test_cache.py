@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
 
-from seqmoe.budget import CacheGeometry
+from seqmoe import Engine
+from seqmoe.budget import FREE_MEMORY_MARGIN, CacheGeometry
 from seqmoe.cache import ExpertCache
 from seqmoe.errors import BudgetTooSmall
 from seqmoe.events import EventBus, ExpertEvicted, LayerRouted
@@ -88,3 +91,14 @@ def test_budget_below_minimum_names_the_minimum() -> None:
         geometry().slots_for_budget(16 * 2**20 + 2 * 2**20)
     with pytest.raises(BudgetTooSmall):
         geometry().slots_for_ratio(0.0)
+
+
+def test_the_budget_sized_to_a_cuda_device_is_what_pytorch_holds_and_most_of_the_free_vram(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * gib, 24 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 3 * gib)
+    on_gpu = SimpleNamespace(device=torch.device("cuda", 0))
+    assert Engine.free_memory_budget_gb(on_gpu) == pytest.approx(3 + 10 * (1 - FREE_MEMORY_MARGIN))
+    assert Engine.free_memory_budget_gb(SimpleNamespace(device=torch.device("cpu"))) is None

@@ -52,7 +52,7 @@ class EngineOptions:
         """The keyword that sizes the cache in ``Engine.configure`` and ``Engine.resize``.
 
         Without a budget of the user's, a CUDA device's cache takes what its free memory
-        allows (``device_budget_gb``, from the worker), up to every expert; the cache ratio
+        allows (``device_budget_gb``: ``Engine.free_memory_budget_gb``), up to every expert; the cache ratio
         applies where there is no such memory to measure (the CPU's emulated GPU).
         """
         if self.policy == "full":
