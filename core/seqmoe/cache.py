@@ -8,6 +8,12 @@ layer never computes with weights that are being overwritten.
 
 ``plan`` turns a policy's forecast into prefetches (JSD, see ``scheduler``) after every
 decode layer; ``stream`` loads the next layer's experts during prefill.
+
+A queued prefetch takes its victim's slot, but the victim's weights stay there untouched
+until the copy starts: every layer re-plans and cancels the queued prefetches, and a
+cancelled one gives the slot back to its victim, so re-planning never costs a reload. A
+layer that asks for a victim whose prefetch is still queued gets it back the same way, as
+a hit. Only when the copy starts is the victim evicted (counted and reported).
 """
 
 from __future__ import annotations
@@ -84,6 +90,9 @@ class ExpertCache:
         self.prefetches = PrefetchCounters()
         self._queued: dict[ExpertKey, CopyJob] = {}
         self._prefetched: set[ExpertKey] = set()
+        self._displaced: dict[ExpertKey, ExpertKey] = {}
+        """Queued prefetch -> the expert whose slot it took, still intact there (see above)."""
+        self._displaced_by: dict[ExpertKey, ExpertKey] = {}
         self.layer_seconds: float | None = None
         self._last_decode_layer_at: float | None = None
         self._last_snapshot_at = float("-inf")
@@ -116,13 +125,16 @@ class ExpertCache:
         for expert in experts:
             key = (layer, expert)
             slot = self.pool.slot_of.get(key)
+            if slot is None and key in self._displaced_by:
+                slot = self._reclaim(key)
             if slot is None:
                 missed.append(expert)
                 slot = self._load(key, urgent=True)
             elif key in self._prefetched:
                 self._prefetched.discard(key)
                 self.prefetches.used += 1
-            self._queued.pop(key, None)
+            if self._queued.pop(key, None) is not None:
+                self._displacement_done(key)
             self.pool.pins[slot] += 1
             slots.append(slot)
         counters = self.phases[phase]
@@ -164,6 +176,8 @@ class ExpertCache:
     def _settle_queued(self) -> None:
         """Forget prefetches that have arrived (reporting them), so only copies on their way count as queued."""
         for key, job in list(self._queued.items()):
+            if job.state is not JobState.QUEUED:
+                self._displacement_done(key)
             if self.copier.done(job):
                 del self._queued[key]
                 if self.events.active:
@@ -187,6 +201,8 @@ class ExpertCache:
             torch.cuda.synchronize(self.pool.device)
         resident = sorted(self.pool.slot_of, key=self.policy.recency, reverse=True)
         layout, device = self.pool.layout, self.pool.device
+        for key in list(self._displaced):
+            self._displacement_done(key)
         self._queued.clear()
         self._prefetched.clear()
         del self.pool
@@ -267,8 +283,10 @@ class ExpertCache:
     ) -> bool:
         """Queue a prefetch of ``key`` (used with ``probability``) into a free slot or in place of
         one of ``candidates`` (which loses its victim); False when there is no slot it deserves."""
-        victim = None
-        if self.pool.free_slot() is None:
+        if key in self._displaced_by:  # its weights are still in a slot; a re-plan or its layer reclaims them
+            return True
+        slot = self.pool.free_slot()
+        if slot is None:
             if not candidates:
                 return False
             victim = self.policy.victim(candidates)
@@ -278,10 +296,15 @@ class ExpertCache:
                 if wanted >= held or probability <= self.worth_prefetching(reuse):
                     return False
             candidates.remove(victim)
-        slot = self._load(key, urgent=False, victim=victim)
+            slot = self.pool.slot_of[victim]
+            self.pool.clear(slot)
+            self._displaced[key], self._displaced_by[victim] = victim, key
+        self._load(key, urgent=False, slot=slot)
         job = self.pool.job[slot]
         assert job is not None
         self._queued[key] = job
+        if job.state is not JobState.QUEUED:
+            self._displacement_done(key)
         self._prefetched.add(key)
         self.prefetches.issued += 1
         if self.events.active:
@@ -291,14 +314,54 @@ class ExpertCache:
     def _cancel_queued(self) -> None:
         for key, job in list(self._queued.items()):
             if job.state is JobState.QUEUED and self.copier.cancel(job):
-                self.pool.clear(job.slot)
+                self._give_back(key, job.slot)
                 self._prefetched.discard(key)
                 self.prefetches.cancelled += 1
                 self._copies_this_layer -= 1
                 if self.events.active:
                     self.events.emit(PrefetchCancelled(key))
+            else:
+                self._displacement_done(key)
             if job.state is not JobState.COPYING:
                 del self._queued[key]
+
+    def _give_back(self, key: ExpertKey, slot: int) -> None:
+        """A cancelled prefetch of ``key`` returns ``slot`` to the expert it displaced, whose
+        weights are still there (the copy never started), or frees it."""
+        self.pool.clear(slot)
+        victim = self._displaced.pop(key, None)
+        if victim is not None:
+            del self._displaced_by[victim]
+            self.pool.assign(slot, victim, None)
+
+    def _reclaim(self, victim: ExpertKey) -> int | None:
+        """The slot of ``victim`` if the prefetch that displaced it can still be cancelled."""
+        key = self._displaced_by[victim]
+        job = self._queued[key]
+        if job.state is not JobState.QUEUED or not self.copier.cancel(job):
+            self._displacement_done(key)
+            return None
+        del self._queued[key]
+        self._prefetched.discard(key)
+        self.prefetches.cancelled += 1
+        self._copies_this_layer -= 1
+        if self.events.active:
+            self.events.emit(PrefetchCancelled(key))
+        self._give_back(key, job.slot)
+        return job.slot
+
+    def _displacement_done(self, key: ExpertKey) -> None:
+        """The copy of ``key`` has started (or is about to): the expert it displaced is evicted."""
+        victim = self._displaced.pop(key, None)
+        if victim is None:
+            return
+        del self._displaced_by[victim]
+        unused = victim in self._prefetched
+        if unused:
+            self._prefetched.discard(victim)
+            self.prefetches.unused += 1
+        if self.events.active:
+            self.events.emit(ExpertEvicted(victim, unused))
 
     def _time_layer(self) -> None:
         now = self.clock()
@@ -329,10 +392,12 @@ class ExpertCache:
             if key is not None and self.pool.pins[slot] == 0 and self.pool.state(slot) is SlotState.READY
         ]
 
-    def _load(self, key: ExpertKey, urgent: bool, victim: ExpertKey | None = None) -> int:
-        slot = self.pool.free_slot() if victim is None else None
+    def _load(self, key: ExpertKey, urgent: bool, slot: int | None = None) -> int:
+        """Copy ``key`` into ``slot``, by default a free one or the policy's victim's."""
         if slot is None:
-            slot = self._evict(victim)
+            slot = self.pool.free_slot()
+        if slot is None:
+            slot = self._evict()
         job = CopyJob(
             key=key,
             slot=slot,
@@ -344,22 +409,24 @@ class ExpertCache:
         self._copies_this_layer += 1
         return slot
 
-    def _evict(self, victim: ExpertKey | None = None) -> int:
-        """Free the slot of ``victim``, or of the policy's choice among the evictable experts."""
-        if victim is None:
+    def _evict(self) -> int:
+        """Free the slot of the policy's choice among the evictable experts, for a demand load."""
+        candidates = self._evictable()
+        if not candidates:
+            # Prefetches hold every unpinned slot: a demand load outranks them all.
+            self._cancel_queued()
+            slot = self.pool.free_slot()
+            if slot is not None:
+                return slot
             candidates = self._evictable()
             if not candidates:
-                # Prefetches hold every unpinned slot: a demand load outranks them all.
-                self._cancel_queued()
-                slot = self.pool.free_slot()
-                if slot is not None:
-                    return slot
                 loading = list(self._queued.values())
                 if not loading:
                     raise RuntimeError("every cache slot is pinned; the cache is below its minimum size")
                 self.copier.wait(loading[0])
+                self._settle_queued()
                 candidates = self._evictable()
-            victim = self.policy.victim(candidates)
+        victim = self.policy.victim(candidates)
         slot = self.pool.slot_of[victim]
         unused = victim in self._prefetched
         if unused:

@@ -41,7 +41,6 @@ from .trace import model_identity
 from .stats import GenerationStats
 from .transfer import Copier, CudaCopier, EmulatedCopier
 
-ORACLE_HORIZON = 4
 PHASE_COUNTERS = (
     "h2d_bytes",
     "prefill_hits",
@@ -232,7 +231,7 @@ class Engine:
             if future is None:
                 raise SeqMoEError(f"the {name} policy needs the recorded future of the same run (seqmoe bench records it)")
             lookahead = layers if name == ORACLE_NEXT else None
-            return OraclePolicy(future, layers, experts, horizon=ORACLE_HORIZON, lookahead=lookahead)
+            return OraclePolicy(future, layers, experts, lookahead=lookahead)
         raise SeqMoEError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
     def _router_functions(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:

@@ -10,10 +10,19 @@ under a cap on how many copies the cache has room for (a truncated matroid).
 
 A job that finds no free slot before its deadline cannot arrive in time, but it still
 shortens the stall of its layer by whatever part of the copy it overlaps with compute,
-and on a link slower than a layer's compute that is the common case. Such a job is
-*demoted* when it is likely to be used (``probability >= demote_above``): queued after all
-on-time jobs, soonest deadline first, while the cache has room. Unlikely late jobs are
-*dropped*: they would occupy the link that a miss needs.
+and on a link slower than a layer's compute that is the common case. Such a job is kept
+when it is likely to be used (``probability >= demote_above``) and the cache has room
+after the on-time jobs: it is *demoted* in the choice, never in the order. Unlikely late
+jobs are *dropped*: they would occupy the link that a miss needs.
+
+The chosen jobs run soonest deadline first, the late ones therefore before the on-time
+ones. Compute runs the layers in order and waits at the first expert that is not ready,
+so on one link no order of the same copies lets it finish sooner: swapping two copies that
+run out of deadline order delays the one needed first and makes the other no earlier
+for its layer. (An on-time set stays on time in this order; the slots only proved it.)
+Measured with the simulator on the held-out chat, queueing the late jobs last instead
+made the oracle, which forecasts 64 layers ahead, copy 24% more and run at 42% of
+``full`` instead of 56% (RTX 4090, OLMoE shape, cache ratio 0.45).
 """
 
 from __future__ import annotations
@@ -34,8 +43,8 @@ class Job:
 
 
 def schedule(jobs: Sequence[Job], capacity: int, demote_above: float | None = None) -> list[Job]:
-    """The most profitable set of at most ``capacity`` jobs that meet their deadlines, in slot
-    (execution) order, followed by the demoted late jobs (see the module docstring)."""
+    """The most profitable set of at most ``capacity`` jobs that meet their deadlines, with the
+    demoted late jobs while there is room, soonest deadline first (see the module docstring)."""
     horizon = max(0, min(max((job.deadline for job in jobs), default=0), len(jobs)))
     parent = list(range(horizon + 1))  # parent[t]: latest free slot <= t, as slot index + 1 (0 = none)
 
@@ -56,10 +65,10 @@ def schedule(jobs: Sequence[Job], capacity: int, demote_above: float | None = No
             continue
         placed[slot] = job
         parent[slot] = slot - 1
-    on_time = [placed[slot] for slot in sorted(placed)]
-    if demote_above is None:
-        return on_time
-    chosen = set(map(id, on_time))
-    late = [j for j in jobs if id(j) not in chosen and j.probability >= demote_above]
-    late.sort(key=lambda j: (j.deadline, -j.profit, j.key))
-    return on_time + late[: max(capacity - len(on_time), 0)]
+    chosen = [placed[slot] for slot in sorted(placed)]
+    if demote_above is not None:
+        on_time = set(map(id, chosen))
+        late = [j for j in jobs if id(j) not in on_time and j.probability >= demote_above]
+        late.sort(key=lambda j: (-j.profit, j.deadline, j.key))
+        chosen += late[: max(capacity - len(chosen), 0)]
+    return sorted(chosen, key=lambda j: (j.deadline, -j.profit, j.key))

@@ -87,7 +87,8 @@ class VirtualClock:
 
 
 class SimulatedCopier:
-    """One copy lane on the virtual clock; the same contract as the real copiers."""
+    """One copy lane on the virtual clock; the same contract as the real copiers (the bytes
+    move when a copy ends, so a slot holds its expert once it is ready)."""
 
     link = "simulated"
 
@@ -167,6 +168,8 @@ class SimulatedCopier:
             self._start(self._queue.popleft())
         for job in [j for j in self._running if self._finish[id(j)] <= self.clock.now]:
             self._running.remove(job)
+            for destination, source in job.pairs:
+                destination.copy_(source)
             job.state = JobState.DONE
             job.ready.set()
 
@@ -331,7 +334,7 @@ def _policy(name: str, traces: Traces, steps: list[Step], predictor: ExpertPredi
         return LRUPolicy(experts)
     if name in ORACLES:
         lookahead = layers if name == ORACLE_NEXT else None
-        return OraclePolicy([(s.layer, frozenset(s.experts)) for s in steps], layers, experts, horizon=4, lookahead=lookahead)
+        return OraclePolicy([(s.layer, frozenset(s.experts)) for s in steps], layers, experts, lookahead=lookahead)
     if name == "seqmoe":
         if predictor is None:
             raise ValueError("the seqmoe policy needs a predictor")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from seqmoe.cache import ExpertCache
-from seqmoe.events import EventBus
+from seqmoe.events import EventBus, ExpertEvicted
 from seqmoe.policies import BeladyPolicy, Forecast, GatePolicy, OraclePolicy, Policy, SeqMoEPolicy
 from seqmoe.simulate import SimulatedCopier, VirtualClock
 from seqmoe.store import HostStore
@@ -166,6 +166,8 @@ def test_no_expert_in_use_is_ever_evicted_under_random_forecasts(size: int) -> N
         time.sleep(rng.random() * 0.002)
         values = [cache.pool.tensors["down_proj"][s][0, 0].item() for s in slots]
         assert values == [100.0 * layer + e for e in experts], f"cache of {size}, step {step}"
+        owners = [key for key in cache.pool.owner if key is not None]
+        assert len(set(owners)) == len(owners) and all(cache.pool.owner[s] == k for k, s in cache.pool.slot_of.items())
         cache.release(slots)
     # With two slots both are pinned by the running layer: there is never room to prefetch.
     assert (cache.prefetches.issued > 0) == (size > 2)
@@ -309,3 +311,67 @@ def test_prefill_keeps_the_experts_the_reply_starts_with() -> None:
     # Streaming the last layer left room for two of the earlier layers' experts.
     assert kept[True] == {(0, 2), (1, 2)} | {(2, e) for e in range(EXPERTS)}
     assert (1, 2) not in kept[False]
+
+
+def queued_prefetch_cache() -> tuple[ExpertCache, VirtualClock, list[object]]:
+    """A full cache of three layer-0 experts, then two prefetches of layer 1 on a link busy
+    with the first: the first copy has started, the second is queued."""
+    clock = VirtualClock()
+    host = HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pin=False)
+    policy = belady()
+    cache = ExpertCache(host, 3, torch.device("cpu"), SimulatedCopier(clock, 4.0, 1), policy, EventBus(), clock=clock)
+    for expert in (0, 1, 2):
+        cache.release(cache.acquire(0, [expert], prefill=False))
+        clock.now += 8.0  # the layer computes: the link is busy half the time
+    events: list[object] = []
+    cache.events.subscribe(events.append)
+    forecasts = [Forecast((1, 0), 0.9, 1), Forecast((1, 1), 0.8, 1)]
+    policy.remember(forecasts, {1})
+    cache.plan(forecasts)
+    assert [cache.pool.owner.count(key) for key in ((1, 0), (1, 1))] == [1, 1]
+    return cache, clock, events
+
+
+def weights_of(cache: ExpertCache, key: tuple[int, int]) -> float:
+    return cache.pool.tensors["gate_up_proj"][cache.pool.slot_of[key]][0, 0].item()
+
+
+def test_a_cancelled_prefetch_gives_the_slot_back_to_the_expert_it_displaced() -> None:
+    cache, _clock, events = queued_prefetch_cache()
+    resident = {key for key in cache.pool.slot_of if key[0] == 0}
+    assert len(resident) == 1  # two of layer 0's experts made room
+    cache.plan([])  # the re-plan cancels the queued prefetch; its copy never started
+    back = {key for key in cache.pool.slot_of if key[0] == 0} - resident
+    assert len(back) == 1 and (1, 1) not in cache.pool.slot_of
+    (key,) = back
+    copied = cache.copier.bytes_copied
+    slots = cache.acquire(*key[:1], [key[1]], prefill=False)
+    assert cache.copier.bytes_copied == copied and cache.phases["decode"].misses == 3  # a hit: no copy
+    assert weights_of(cache, key) == key[1]
+    cache.release(slots)
+    assert evicted_keys(events) == {(0, 0), (0, 1), (0, 2)} - resident - back
+
+
+def evicted_keys(events: list[object]) -> set[tuple[int, int]]:
+    return {e.key for e in events if isinstance(e, ExpertEvicted)}
+
+
+def test_a_layer_gets_back_an_expert_whose_displacing_prefetch_has_not_started() -> None:
+    cache, _clock, events = queued_prefetch_cache()
+    (victim,) = {(0, 0), (0, 1), (0, 2)} - set(cache.pool.slot_of) - evicted_keys(events)
+    copied = cache.copier.bytes_copied
+    slots = cache.acquire(0, [victim[1]], prefill=False)
+    assert cache.copier.bytes_copied == copied and cache.phases["decode"].misses == 3
+    assert weights_of(cache, victim) == victim[1] and (1, 1) not in cache.pool.slot_of
+    assert cache.prefetches.cancelled == 1
+    cache.release(slots)
+
+
+def test_a_displaced_expert_is_evicted_when_the_copy_over_it_starts() -> None:
+    cache, clock, events = queued_prefetch_cache()
+    assert sum(isinstance(e, ExpertEvicted) for e in events) == 1  # the started copy's victim only
+    clock.now += 4.0  # the first copy lands and the second starts
+    cache.release(cache.acquire(1, [0], prefill=False))
+    assert sum(isinstance(e, ExpertEvicted) for e in events) == 2
+    cache.plan([])  # too late to cancel: the copy is on its way
+    assert (1, 1) in cache.pool.slot_of

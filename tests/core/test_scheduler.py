@@ -44,13 +44,22 @@ def test_latest_free_slot_leaves_early_slots_for_urgent_jobs() -> None:
     assert schedule([relaxed, urgent], capacity=5) == [urgent, relaxed]
 
 
-def test_likely_late_jobs_are_demoted_behind_on_time_jobs() -> None:
+def test_likely_late_jobs_take_the_room_left_and_run_first() -> None:
     on_time = Job((1, 0), deadline=2, profit=0.3, probability=0.3)
     likely_late = [Job((0, 1), deadline=0, profit=0.9, probability=0.9), Job((0, 2), deadline=-1, profit=0.6, probability=0.6)]
     unlikely_late = Job((0, 3), deadline=0, profit=0.2, probability=0.2)
     plan = schedule([on_time, *likely_late, unlikely_late], capacity=5, demote_above=0.5)
-    assert plan == [on_time, likely_late[1], likely_late[0]]
-    assert schedule([on_time, *likely_late, unlikely_late], capacity=2, demote_above=0.5) == [on_time, likely_late[1]]
+    assert plan == [likely_late[1], likely_late[0], on_time]
+    # Room for one late job after the on-time one: the likelier.
+    assert schedule([on_time, *likely_late, unlikely_late], capacity=2, demote_above=0.5) == [likely_late[0], on_time]
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_a_plan_runs_in_deadline_order(seed: int) -> None:
+    rng = random.Random(seed)
+    jobs = [Job((0, i), rng.randrange(-2, 8), round(rng.random(), 3), rng.random()) for i in range(rng.randrange(1, 10))]
+    plan = schedule(jobs, rng.randrange(1, 10), demote_above=0.5)
+    assert [job.deadline for job in plan] == sorted(job.deadline for job in plan)
 
 
 def test_jobs_past_their_deadline_are_dropped() -> None:
