@@ -314,12 +314,7 @@ class ExpertCache:
     def _cancel_queued(self) -> None:
         for key, job in list(self._queued.items()):
             if job.state is JobState.QUEUED and self.copier.cancel(job):
-                self._give_back(key, job.slot)
-                self._prefetched.discard(key)
-                self.prefetches.cancelled += 1
-                self._copies_this_layer -= 1
-                if self.events.active:
-                    self.events.emit(PrefetchCancelled(key))
+                self._undo_prefetch(key, job)
             else:
                 self._displacement_done(key)
             if job.state is not JobState.COPYING:
@@ -342,13 +337,17 @@ class ExpertCache:
             self._displacement_done(key)
             return None
         del self._queued[key]
+        self._undo_prefetch(key, job)
+        return job.slot
+
+    def _undo_prefetch(self, key: ExpertKey, job: CopyJob) -> None:
+        """Account for the prefetch of ``key`` that the copier dropped before its copy started."""
+        self._give_back(key, job.slot)
         self._prefetched.discard(key)
         self.prefetches.cancelled += 1
         self._copies_this_layer -= 1
         if self.events.active:
             self.events.emit(PrefetchCancelled(key))
-        self._give_back(key, job.slot)
-        return job.slot
 
     def _displacement_done(self, key: ExpertKey) -> None:
         """The copy of ``key`` has started (or is about to): the expert it displaced is evicted."""
