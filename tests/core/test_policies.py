@@ -82,6 +82,15 @@ def test_oracle_evicts_the_expert_used_last() -> None:
     assert [f.key for f in oracle.forecast(0, torch.zeros(1), torch.zeros(1))] == [(1, 1), (2, 2)]
 
 
+def test_the_oracle_forecasts_the_next_two_tokens() -> None:
+    future = [(step % LAYERS, frozenset({step % EXPERTS})) for step in range(4 * LAYERS)]
+    oracle = OraclePolicy(future, LAYERS, EXPERTS)
+    oracle.observe(0, [0])
+    forecast = oracle.forecast(0, torch.zeros(1), torch.zeros(1))
+    assert [f.horizon for f in forecast] == list(range(1, 2 * LAYERS + 1))
+    assert [f.key for f in forecast] == [(s % LAYERS, s % EXPERTS) for s in range(1, 2 * LAYERS + 1)]
+
+
 def make_cache(size: int, policy: Policy, gbps: float = 50.0) -> ExpertCache:
     host = HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pin=False)
     copier = EmulatedCopier(gbytes_per_s=gbps, latency_s=0.0)
