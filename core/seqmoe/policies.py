@@ -359,9 +359,10 @@ class OraclePolicy(BeladyPolicy):
 
     Its forecast covers the next ``horizon`` acquires (``ORACLE_TOKENS`` tokens by default).
     With ``lookahead`` it knows only the next ``lookahead`` acquires (``num_layers`` of them:
-    the rest of this token and the next one): a perfect forecast of that far with no
-    knowledge beyond it, since its eviction ranks the experts needed beyond it as unknown,
-    least recently used first. (``seqmoe``'s reuse forecast looks further, so it may pass it.)
+    the rest of this token and the next one), and forecasts no further: a perfect forecast of
+    that far with no knowledge beyond it, since its eviction ranks the experts needed beyond
+    it as unknown, least recently used first. (``seqmoe``'s reuse forecast looks further, so
+    it may pass it.)
     """
 
     name = "oracle"
@@ -376,7 +377,8 @@ class OraclePolicy(BeladyPolicy):
     ) -> None:
         super().__init__(num_layers, torch.full((num_layers, num_experts), MIN_PROBABILITY))
         self.future = future
-        self.horizon = ORACLE_TOKENS * num_layers if horizon is None else horizon
+        horizon = ORACLE_TOKENS * num_layers if horizon is None else horizon
+        self.horizon = horizon if lookahead is None else min(horizon, lookahead)  # it forecasts no further than it sees
         self.lookahead = lookahead
         self.position = -1
         self._uses: dict[ExpertKey, list[int]] = {}

@@ -89,6 +89,9 @@ def test_the_oracle_forecasts_the_next_two_tokens() -> None:
     forecast = oracle.forecast(0, torch.zeros(1), torch.zeros(1))
     assert [f.horizon for f in forecast] == list(range(1, 2 * LAYERS + 1))
     assert [f.key for f in forecast] == [(s % LAYERS, s % EXPERTS) for s in range(1, 2 * LAYERS + 1)]
+    next_only = OraclePolicy(future, LAYERS, EXPERTS, lookahead=LAYERS)  # oracle-next: one token, no further
+    next_only.observe(0, [0])
+    assert max(f.horizon for f in next_only.forecast(0, torch.zeros(1), torch.zeros(1))) == LAYERS
 
 
 def make_cache(size: int, policy: Policy, gbps: float = 50.0) -> ExpertCache:
