@@ -101,6 +101,8 @@ class Totals:
             "hit_rate": self.total("decode_hits") / decode_accesses if decode_accesses else 1.0,
             "stall_seconds_per_token": self.total("decode_stall_seconds") / tokens,
             "h2d_bytes_per_token": self.total("h2d_bytes") / tokens,
+            "decode_h2d_bytes_per_token": self.total("decode_h2d_bytes") / max(self.decode_tokens, 1),
+            "prefill_h2d_bytes": int(self.total("prefill_h2d_bytes")),
             "unused_prefetch_fraction": self.total("prefetch_unused") / issued if issued else 0.0,
             "prefill_tokens_per_s": self.total("prompt_tokens") / max(self.total("time_to_first_token"), 1e-9),
             "prefill_hit_rate": self.total("prefill_hits") / prefill_accesses if prefill_accesses else 1.0,
@@ -116,15 +118,18 @@ class BenchRow:
     totals: Totals
     ratio_to_full: float
     same_tokens: bool
+    expert_bytes: int
     copy_layers: float | None = None
     """One expert copy in layers of ``full``'s decode compute, as run (emulated link)."""
 
     def as_dict(self) -> dict[str, object]:
+        totals = self.totals.as_dict()
         return {
             "policy": self.policy,
             "cache_ratio": self.cache_ratio,
             "cache_slots": self.cache_slots,
-            **self.totals.as_dict(),
+            **totals,
+            "decode_copies_per_token": totals["decode_h2d_bytes_per_token"] / self.expert_bytes,
             "ratio_to_full": self.ratio_to_full,
             "same_tokens_as_full": self.same_tokens,
             "copy_layers": self.copy_layers,
@@ -183,6 +188,7 @@ def run_bench(
     copy takes that many layers of ``full``'s decode."""
     greedy = Sampling(max_new_tokens=max_new_tokens)
     layers = engine.loaded.host.num_layers
+    expert_bytes = engine.loaded.host.layout.bytes_per_expert
     engine.configure("full")
     engine.generate(prompts[0], Sampling(max_new_tokens=4))
     reference = [engine.generate(p, greedy) for p in prompts]
@@ -222,9 +228,9 @@ def run_bench(
             speed = totals.decode_tokens / full_seconds if full_seconds > 0 else 0.0
             ratio_to_full = totals.tokens_per_s / speed if speed > 0 else 0.0
             copy_ran = sum(ran) / len(ran) if ran else None
-            rows.append(BenchRow(policy, ratio, slots, totals, ratio_to_full, same, copy_ran))
+            rows.append(BenchRow(policy, ratio, slots, totals, ratio_to_full, same, expert_bytes, copy_ran))
     engine.configure("full")
-    rows.insert(0, BenchRow("full", 1.0, engine.cache_slots, full, 1.0, True))
+    rows.insert(0, BenchRow("full", 1.0, engine.cache_slots, full, 1.0, True, expert_bytes))
     engine.close()
     return BenchResult(rows, bounds)
 
@@ -293,7 +299,7 @@ def future_of(accesses: list[Access]) -> list[tuple[int, frozenset[int]]]:
 def format_table(rows: list[BenchRow]) -> str:
     header = (
         f"{'policy':<12}{'ratio':>7}{'slots':>7}{'tok/s':>9}{'vs full':>9}{'hit rate':>10}{'stall ms/tok':>14}"
-        f"{'MiB/tok':>9}{'unused pf':>11}{'prefill tok/s':>15}{'copy/layer':>12}  same"
+        f"{'copies/tok':>12}{'unused pf':>11}{'prefill tok/s':>15}{'copy/layer':>12}  same"
     )
     lines = [header]
     for row in rows:
@@ -301,7 +307,7 @@ def format_table(rows: list[BenchRow]) -> str:
         lines.append(
             f"{d['policy']:<12}{d['cache_ratio']:>7.2f}{d['cache_slots']:>7}{d['tokens_per_s']:>9.2f}"
             f"{d['ratio_to_full']:>9.1%}{d['hit_rate']:>10.1%}{1000 * d['stall_seconds_per_token']:>14.2f}"
-            f"{d['h2d_bytes_per_token'] / 2**20:>9.2f}{d['unused_prefetch_fraction']:>11.1%}"
+            f"{d['decode_copies_per_token']:>12.2f}{d['unused_prefetch_fraction']:>11.1%}"
             f"{d['prefill_tokens_per_s']:>15.1f}{_optional(row.copy_layers):>12}  {'yes' if d['same_tokens_as_full'] else 'NO'}"
         )
     return "\n".join(lines)

@@ -53,6 +53,8 @@ snapshot costs one pass over the slots."""
 class PhaseCounters:
     hits: int = 0
     misses: int = 0
+    copied_bytes: int = 0
+    """Bytes of the copies the phase asked for and did not cancel (misses and prefetches)."""
 
 
 @dataclass
@@ -101,6 +103,8 @@ class ExpertCache:
         the link can carry while the layers compute)."""
         self._copies_this_layer = 0
         self._stalled_this_layer = 0.0
+        self._phase = "decode"
+        """The phase of the last acquire: the one the copies planned after it belong to."""
 
     @property
     def size(self) -> int:
@@ -117,6 +121,7 @@ class ExpertCache:
     def acquire(self, layer: int, experts: Sequence[int], prefill: bool) -> list[int]:
         """Pin a ready slot for each of ``experts`` of MoE layer ``layer``."""
         phase = "prefill" if prefill else "decode"
+        self._phase = phase
         if not prefill:
             self._time_layer()
         self._settle_queued()
@@ -344,6 +349,7 @@ class ExpertCache:
         """Account for the prefetch of ``key`` that the copier dropped before its copy started."""
         self._give_back(key, job.slot)
         self._prefetched.discard(key)
+        self.phases[job.phase].copied_bytes -= job.nbytes
         self.prefetches.cancelled += 1
         self._copies_this_layer -= 1
         if self.events.active:
@@ -402,7 +408,9 @@ class ExpertCache:
             slot=slot,
             pairs=list(zip(self.pool.destinations(slot), self.host.sources(key))),
             nbytes=self.host.layout.bytes_per_expert,
+            phase=self._phase,
         )
+        self.phases[job.phase].copied_bytes += job.nbytes
         self.pool.assign(slot, key, job)
         self.copier.submit(job, urgent=urgent)
         self._copies_this_layer += 1

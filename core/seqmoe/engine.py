@@ -43,6 +43,8 @@ from .transfer import Copier, CudaCopier, EmulatedCopier
 
 PHASE_COUNTERS = (
     "h2d_bytes",
+    "prefill_h2d_bytes",
+    "decode_h2d_bytes",
     "prefill_hits",
     "prefill_misses",
     "prefill_stall_seconds",
@@ -374,6 +376,7 @@ class Engine:
         for phase, counter in self.cache.phases.items():
             counts[f"{phase}_hits"] = counter.hits
             counts[f"{phase}_misses"] = counter.misses
+            counts[f"{phase}_h2d_bytes"] = counter.copied_bytes
             counts[f"{phase}_stall_seconds"] = self._copier.stall_seconds(phase)
         prefetches = self.cache.prefetches
         counts.update(prefetch_issued=prefetches.copied, prefetch_unused=prefetches.unused)

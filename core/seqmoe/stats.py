@@ -20,6 +20,10 @@ class GenerationStats:
     link: str
     prompt_tokens: int = 0
     time_to_first_token: float = 0.0
+    prefill_h2d_bytes: int = 0
+    decode_h2d_bytes: int = 0
+    """The copies each phase asked for (``h2d_bytes`` is what the link carried: the same once
+    the generation's queued prefetches are cancelled at its end)."""
     prefill_hits: int = 0
     prefill_misses: int = 0
     prefill_stall_seconds: float = 0.0

@@ -52,6 +52,8 @@ class CopyJob:
     state: JobState = JobState.QUEUED
     urgent: bool = False
     """Submitted as a miss (compute already waits for it), not as a prefetch."""
+    phase: str = "decode"
+    """The phase that asked for the copy (``prefill`` or ``decode``), for its bytes' account."""
     ready: threading.Event = field(default_factory=threading.Event)
     cuda_event: object | None = None
     timing: tuple[object, object] | None = None

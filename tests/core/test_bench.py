@@ -16,7 +16,8 @@ from seqmoe.errors import SeqMoEError
 ROW_KEYS = {
     "policy", "cache_ratio", "cache_slots", "tokens_per_s", "ratio_to_full", "hit_rate", "stall_seconds_per_token",
     "h2d_bytes_per_token", "unused_prefetch_fraction", "prefill_tokens_per_s", "prefill_hit_rate",
-    "prefill_stall_seconds", "same_tokens_as_full",
+    "prefill_stall_seconds", "same_tokens_as_full", "decode_h2d_bytes_per_token", "prefill_h2d_bytes",
+    "decode_copies_per_token",
 }
 
 
@@ -39,6 +40,7 @@ def test_bench_reports_every_policy_and_ratio_with_identical_tokens(
     ]
     for row in rows:
         assert ROW_KEYS <= set(row) and row["same_tokens_as_full"]
+    assert rows[0]["decode_copies_per_token"] == 0 and rows[1]["decode_copies_per_token"] > 0
     # The same prompts for every policy; full ran them before and after every row too.
     assert len({row["tokens"] for row in rows[1:]}) == 1 and rows[0]["tokens"] == 9 * rows[1]["tokens"]
     assert "one expert copy =" in report["link"] and "before every run" in report["link"]

@@ -71,8 +71,24 @@ def test_small_cache_really_offloads(mixtral_dir: Path) -> None:
         stats = engine.generate(PROMPT, Sampling(max_new_tokens=6)).stats
     finally:
         engine.close()
-    assert stats.misses > 0 and stats.h2d_bytes == stats.misses * engine.loaded.host.layout.bytes_per_expert
+    expert = engine.loaded.host.layout.bytes_per_expert
+    assert stats.misses > 0 and stats.h2d_bytes == stats.misses * expert
+    assert (stats.prefill_h2d_bytes, stats.decode_h2d_bytes) == (stats.prefill_misses * expert, stats.decode_misses * expert)
     assert stats.hit_rate < 1.0
+
+
+def test_copies_are_accounted_to_the_phase_that_asked_for_them(mixtral_dir: Path) -> None:
+    """Prefill streams and decode prefetches (some cancelled by re-plans) add up to what the link carried."""
+    engine = Engine(load_model(str(mixtral_dir), device="cpu"))
+    engine.link_gbps = engine.loaded.host.layout.bytes_per_expert / 2e-3 / 1e9  # 2 ms a copy: prefetches queue up
+    engine.configure("seqmoe", cache_ratio=0.5)
+    try:
+        stats = engine.generate(PROMPT, Sampling(max_new_tokens=8)).stats
+        cancelled = engine.cache.prefetches.cancelled
+    finally:
+        engine.close()
+    assert cancelled > 0 and stats.prefill_h2d_bytes > 0 and stats.decode_h2d_bytes > 0
+    assert stats.prefill_h2d_bytes + stats.decode_h2d_bytes == stats.h2d_bytes
 
 
 def test_full_policy_copies_nothing_and_hits_always(mixtral_dir: Path) -> None:
