@@ -387,3 +387,18 @@ def test_a_displaced_expert_is_evicted_when_the_copy_over_it_starts() -> None:
     assert sum(isinstance(e, ExpertEvicted) for e in events) == 2
     cache.plan([])  # too late to cancel: the copy is on its way
     assert (1, 1) in cache.pool.slot_of
+
+
+def test_a_cancelled_prefetch_is_not_counted_as_copied() -> None:
+    clock = VirtualClock()
+    host = HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pin=False)
+    expert = host.layout.bytes_per_expert
+    cache = ExpertCache(host, 4, torch.device("cpu"), SimulatedCopier(clock, 4.0, expert), belady(), EventBus(), clock=clock)
+    cache.release(cache.acquire(0, [0, 1], prefill=True))  # two prefill misses
+    clock.now += 8.0
+    cache.release(cache.acquire(1, [0], prefill=False))  # a decode miss
+    cache.plan([Forecast((2, 0), 0.9, 1), Forecast((2, 1), 0.9, 1)])  # the second waits behind the first
+    assert (cache.phases["prefill"].copied_bytes, cache.phases["decode"].copied_bytes) == (2 * expert, 3 * expert)
+    cache.plan([])
+    assert (cache.phases["prefill"].copied_bytes, cache.phases["decode"].copied_bytes) == (2 * expert, 2 * expert)
+    assert cache.copier.bytes_copied == 4 * expert
