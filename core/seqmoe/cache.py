@@ -103,8 +103,6 @@ class ExpertCache:
         the link can carry while the layers compute)."""
         self._copies_this_layer = 0
         self._stalled_this_layer = 0.0
-        self._phase = "decode"
-        """The phase of the last acquire: the one the copies planned after it belong to."""
 
     @property
     def size(self) -> int:
@@ -121,7 +119,6 @@ class ExpertCache:
     def acquire(self, layer: int, experts: Sequence[int], prefill: bool) -> list[int]:
         """Pin a ready slot for each of ``experts`` of MoE layer ``layer``."""
         phase = "prefill" if prefill else "decode"
-        self._phase = phase
         if not prefill:
             self._time_layer()
         self._settle_queued()
@@ -134,7 +131,7 @@ class ExpertCache:
                 slot = self._reclaim(key)
             if slot is None:
                 missed.append(expert)
-                slot = self._load(key, urgent=True)
+                slot = self._load(key, phase, urgent=True)
             elif key in self._prefetched:
                 self._prefetched.discard(key)
                 self.prefetches.used += 1
@@ -226,7 +223,7 @@ class ExpertCache:
         if self.policy.speculative:
             candidates = self._evictable()
             for forecast in forecasts:
-                if forecast.key not in self.pool.slot_of and not self._prefetch(forecast.key, candidates, admit_all=True):
+                if forecast.key not in self.pool.slot_of and not self._prefetch(forecast.key, candidates, "decode", admit_all=True):
                     break
             return
         best: dict[ExpertKey, Forecast] = {}
@@ -251,7 +248,7 @@ class ExpertCache:
         candidates = self._evictable()
         room = len(self.pool.free) + len(candidates)
         for job in schedule(jobs, room, demote_above=DEMOTE_ABOVE):
-            if not self._prefetch(job.key, candidates, job.probability):
+            if not self._prefetch(job.key, candidates, "decode", job.probability):
                 break
 
     def worth_prefetching(self, victim_reuse: float = 0.0) -> float:
@@ -280,14 +277,14 @@ class ExpertCache:
         candidates = [k for k in self._evictable() if k[0] != layer]
         for expert in order:
             key = (layer, expert)
-            if key not in self.pool.slot_of and not self._prefetch(key, candidates, admit_all=True):
+            if key not in self.pool.slot_of and not self._prefetch(key, candidates, "prefill", admit_all=True):
                 return
 
     def _prefetch(
-        self, key: ExpertKey, candidates: list[ExpertKey], probability: float = 1.0, admit_all: bool = False
+        self, key: ExpertKey, candidates: list[ExpertKey], phase: str, probability: float = 1.0, admit_all: bool = False
     ) -> bool:
-        """Queue a prefetch of ``key`` (used with ``probability``) into a free slot or in place of
-        one of ``candidates`` (which loses its victim); False when there is no slot it deserves."""
+        """Queue a prefetch of ``key`` (used with ``probability``) for ``phase`` into a free slot or in
+        place of one of ``candidates`` (which loses its victim); False when there is no slot it deserves."""
         if key in self._displaced_by:  # its weights are still in a slot; a re-plan or its layer reclaims them
             return True
         slot = self.pool.free_slot()
@@ -304,7 +301,7 @@ class ExpertCache:
             slot = self.pool.slot_of[victim]
             self.pool.clear(slot)
             self._displaced[key], self._displaced_by[victim] = victim, key
-        self._load(key, urgent=False, slot=slot)
+        self._load(key, phase, urgent=False, slot=slot)
         job = self.pool.job[slot]
         assert job is not None
         self._queued[key] = job
@@ -397,8 +394,8 @@ class ExpertCache:
             if key is not None and self.pool.pins[slot] == 0 and self.pool.state(slot) is SlotState.READY
         ]
 
-    def _load(self, key: ExpertKey, urgent: bool, slot: int | None = None) -> int:
-        """Copy ``key`` into ``slot``, by default a free one or the policy's victim's."""
+    def _load(self, key: ExpertKey, phase: str, urgent: bool, slot: int | None = None) -> int:
+        """Copy ``key`` into ``slot`` (by default a free one or the policy's victim's) for ``phase``."""
         if slot is None:
             slot = self.pool.free_slot()
         if slot is None:
@@ -408,7 +405,7 @@ class ExpertCache:
             slot=slot,
             pairs=list(zip(self.pool.destinations(slot), self.host.sources(key))),
             nbytes=self.host.layout.bytes_per_expert,
-            phase=self._phase,
+            phase=phase,
         )
         self.phases[job.phase].copied_bytes += job.nbytes
         self.pool.assign(slot, key, job)
