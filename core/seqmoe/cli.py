@@ -311,12 +311,12 @@ def run_simulate(args: argparse.Namespace) -> int:
         print(json.dumps({"profile": args.profile, "shape": args.shape, "rows": rows, "bounds": [b.as_dict() for b in bounds]}))
     out = sys.stderr if args.json else sys.stdout
     print(f"{hardware.description}; {shape.description}; {rows[0]['tokens']} decode tokens of {args.traces}", file=out)
-    print(f"{'policy':<12}{'ratio':>7}{'vs full':>9}{'hit rate':>10}{'stall ms/tok':>14}{'copies/tok':>12}{'unused pf':>11}", file=out)
+    print(f"{'policy':<12}{'ratio':>7}{'vs full':>9}{'hit rate':>10}{'stall ms/tok':>14}{'copies/tok':>12}{'unused pf':>11}{'prefill vs full':>17}", file=out)
     copy_bytes = shape.expert_bytes
     for row in rows:
         print(f"{row['policy']:<12}{row['cache_ratio']:>7.2f}{row['ratio_to_full']:>9.1%}{row['hit_rate']:>10.1%}"
               f"{1000 * row['stall_seconds_per_token']:>14.3f}{row['h2d_bytes_per_token'] / copy_bytes:>12.2f}"
-              f"{row['unused_prefetch_fraction']:>11.1%}", file=out)
+              f"{row['unused_prefetch_fraction']:>11.1%}{row['prefill_ratio_to_full']:>17.1%}", file=out)
     for bound in bounds:
         print(bound.summary, file=out)
     return 0

@@ -97,7 +97,8 @@ class SimulatedCopier:
         self.copy_seconds = seconds_per_copy
         self.expert_bytes = expert_bytes
         self.bytes_copied = 0
-        self._queue: deque[CopyJob] = deque()
+        self._queue: deque[tuple[CopyJob, float]] = deque()
+        """Copies waiting for the lane, each with its submission time."""
         self._finish: dict[int, float] = {}
         self._running: list[CopyJob] = []
         self._free_at = 0.0
@@ -108,24 +109,22 @@ class SimulatedCopier:
         self._settle()
         job.urgent = urgent
         if urgent:
-            self._queue.appendleft(job)
+            self._queue.appendleft((job, self.clock.now))
         else:
-            self._queue.append(job)
+            self._queue.append((job, self.clock.now))
         self._settle()
 
     def cancel(self, job: CopyJob) -> bool:
         self._settle()
-        if job in self._queue:
-            self._queue.remove(job)
+        if self._take(job):
             job.state = JobState.CANCELLED
             return True
         return False
 
     def wait(self, job: CopyJob, phase: str = "decode") -> None:
         self._settle()
-        if job.state is JobState.QUEUED:
-            self._queue.remove(job)
-            self._start(job)
+        if job.state is JobState.QUEUED and self._take(job):
+            self._start(job, self.clock.now)
         finish = self._finish.get(id(job), self.clock.now)
         if finish > self.clock.now:
             self._stall[phase] = self._stall.get(phase, 0.0) + finish - self.clock.now
@@ -154,20 +153,31 @@ class SimulatedCopier:
     def close(self) -> None:
         """Nothing runs in the background."""
 
-    def _start(self, job: CopyJob) -> None:
-        start = max(self._free_at, self.clock.now)
+    def _start(self, job: CopyJob, at: float) -> None:
+        start = max(self._free_at, at)
         self._free_at = start + self.copy_seconds
         self._finish[id(job)] = self._free_at
         job.state = JobState.COPYING
         self._running.append(job)
         self.bytes_copied += self.expert_bytes
 
+    def _take(self, job: CopyJob) -> bool:
+        """Remove ``job`` from the queue; False if it is not there."""
+        for entry in self._queue:
+            if entry[0] is job:
+                self._queue.remove(entry)
+                return True
+        return False
+
     def _settle(self) -> None:
-        """Start what the lane has started by now and finish what it has finished."""
+        """Start what the lane has started by now and finish what it has finished. The clock moves
+        in steps (a layer, a stall), so a copy queued behind another starts when the lane came free
+        or when it was submitted, whichever is later, not at the step that notices it."""
         while self._queue and self._free_at <= self.clock.now:
-            self._start(self._queue.popleft())
+            self._start(*self._queue.popleft())
         for job in [j for j in self._running if self._finish[id(j)] <= self.clock.now]:
             self._running.remove(job)
+            del self._finish[id(job)]
             for destination, source in job.pairs:
                 destination.copy_(source)
             job.state = JobState.DONE
@@ -200,6 +210,9 @@ class SimulationResult:
     h2d_bytes: int
     prefetch_issued: int
     prefetch_unused: int
+    prefill_seconds: float
+    prefill_full_seconds: float
+    """The prompts' compute alone: ``prefill_seconds`` with every expert resident."""
 
     def as_dict(self) -> dict[str, object]:
         tokens = max(self.decode_tokens, 1)
@@ -214,6 +227,8 @@ class SimulationResult:
             "stall_seconds_per_token": self.stall_seconds / tokens,
             "h2d_bytes_per_token": self.h2d_bytes / tokens,
             "unused_prefetch_fraction": self.prefetch_unused / self.prefetch_issued if self.prefetch_issued else 0.0,
+            "prefill_seconds": self.prefill_seconds,
+            "prefill_ratio_to_full": self.prefill_full_seconds / self.prefill_seconds if self.prefill_seconds else 1.0,
         }
 
 
@@ -271,7 +286,7 @@ def simulate(
     policy = _policy(policy_name, traces, steps, predictor)
     cache = ExpertCache(host, slots, torch.device("cpu"), copier, policy, EventBus(), clock=clock)
     layer_seconds = hardware.layer_seconds(shape)
-    decode_seconds = 0.0
+    decode_seconds = prefill_seconds = prefill_full_seconds = 0.0
     decode_layers = decode_bytes = 0
     previous: Step | None = None
     for step in steps:
@@ -294,7 +309,10 @@ def simulate(
                 policy.look_past_prompt(step.layer, traces.hidden[step.last_token, step.layer].float(), traces.experts[step.last_token, step.layer])
                 if policy.streams_prefill and step.layer + 1 < layers:
                     cache.stream(step.layer + 1, policy.stream_order(step.layer + 1))
-            clock.now += (shape.attention_bytes + len(step.experts) * shape.expert_bytes) / hardware.memory_bytes_per_s
+            compute = (shape.attention_bytes + len(step.experts) * shape.expert_bytes) / hardware.memory_bytes_per_s
+            clock.now += compute
+            prefill_seconds += clock.now - began
+            prefill_full_seconds += compute
         cache.release(held)
     counters = cache.phases["decode"]
     return SimulationResult(
@@ -310,6 +328,8 @@ def simulate(
         h2d_bytes=decode_bytes,
         prefetch_issued=cache.prefetches.copied,
         prefetch_unused=cache.prefetches.unused,
+        prefill_seconds=prefill_seconds,
+        prefill_full_seconds=prefill_full_seconds,
     )
 
 

@@ -12,7 +12,8 @@ from seqmoe import Engine, Sampling, load_model
 from seqmoe.cli import main
 from seqmoe.policies import Policy
 from seqmoe.bound import Access, fewest_copies
-from seqmoe.simulate import HARDWARE, SHAPES, copy_bound, simulate
+from seqmoe.simulate import HARDWARE, SHAPES, SimulatedCopier, VirtualClock, copy_bound, simulate
+from seqmoe.transfer import CopyJob
 from seqmoe.trace import Document, RoutingRecorder, Traces, trace_document
 
 PROMPT = [5, 17, 42, 99, 23, 64, 7, 88, 31, 12, 56, 77]
@@ -84,6 +85,7 @@ def test_simulate_command_reports_every_policy_and_ratio(traced: tuple[Path, Pat
         assert lru["tokens"] == oracle["tokens"] > 0
         assert 0 < lru["ratio_to_full"] <= oracle["ratio_to_full"] + 1e-9 and oracle["ratio_to_full"] <= 1 + 1e-9
         assert lru["hit_rate"] <= oracle["hit_rate"]
+        assert all(0 < row["prefill_ratio_to_full"] <= 1 + 1e-9 for row in (lru, oracle))
     assert rows["lru", 0.4]["hit_rate"] <= rows["lru", 0.8]["hit_rate"]
     bounds = {bound["cache_ratio"]: bound for bound in report["bounds"]}
     assert bounds[0.4]["copy_bound_ratio_to_full"] >= rows["oracle", 0.4]["ratio_to_full"] - 1e-9
@@ -136,3 +138,15 @@ def test_each_reply_starts_the_bound_afresh_and_prefill_costs_nothing() -> None:
     # not used again): 2 copies. The prompt between two replies counts nothing.
     assert fewest_copies(reply, 2) == (2, 6)
     assert fewest_copies(reply + prompt + reply, 2) == (4, 12)
+
+
+def test_a_simulated_copy_queued_behind_another_starts_when_the_lane_comes_free() -> None:
+    clock = VirtualClock()
+    copier = SimulatedCopier(clock, seconds_per_copy=1.0, expert_bytes=1)
+    jobs = [CopyJob((0, expert), expert, [], 1) for expert in range(3)]
+    for job in jobs:
+        copier.submit(job)
+    clock.now = 2.5  # one layer of compute, longer than two copies; nothing looked at the lane meanwhile
+    assert [copier.done(job) for job in jobs] == [True, True, False]
+    copier.wait(jobs[2])
+    assert clock.now == 3.0 and copier.stall_seconds() == pytest.approx(0.5)
