@@ -251,6 +251,8 @@ class CudaCopier:
         self._in_flight: deque[CopyJob] = deque()
         self._released: dict[int, torch.cuda.Event] = {}
         self._stall_pairs: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        """Stalls not yet added to ``_stall_totals``."""
+        self._stall_totals: dict[str, float] = {}
         self._unmeasured: deque[tuple[CopyJob, str, torch.cuda.Event, torch.cuda.Event]] = deque(maxlen=STALL_BACKLOG)
 
     def submit(self, job: CopyJob, urgent: bool = False) -> None:
@@ -308,11 +310,13 @@ class CudaCopier:
         return taken
 
     def stall_seconds(self, phase: str | None = None) -> float:
-        if not self._stall_pairs:
-            return 0.0
-        self._stall_pairs[-1][2].synchronize()
-        pairs = [(b, a) for tag, b, a in self._stall_pairs if phase is None or tag == phase]
-        return sum(before.elapsed_time(after) for before, after in pairs) / 1000.0
+        # Each stall is read once: a long chat must not make every later call slower.
+        if self._stall_pairs:
+            self._stall_pairs[-1][2].synchronize()
+            for tag, before, after in self._stall_pairs:
+                self._stall_totals[tag] = self._stall_totals.get(tag, 0.0) + before.elapsed_time(after) / 1000.0
+            self._stall_pairs.clear()
+        return sum(self._stall_totals.values()) if phase is None else self._stall_totals.get(phase, 0.0)
 
     def seconds_per_copy(self, nbytes: int) -> float:
         return self.speed.seconds_for(nbytes)

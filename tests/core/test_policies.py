@@ -82,13 +82,13 @@ def test_oracle_evicts_the_expert_used_last() -> None:
     assert [f.key for f in oracle.forecast(0, torch.zeros(1), torch.zeros(1))] == [(1, 1), (2, 2)]
 
 
-def test_the_oracle_forecasts_the_next_two_tokens() -> None:
-    future = [(step % LAYERS, frozenset({step % EXPERTS})) for step in range(4 * LAYERS)]
+def test_the_oracle_forecasts_the_next_four_tokens() -> None:
+    future = [(step % LAYERS, frozenset({step % EXPERTS})) for step in range(6 * LAYERS)]
     oracle = OraclePolicy(future, LAYERS, EXPERTS)
     oracle.observe(0, [0])
     forecast = oracle.forecast(0, torch.zeros(1), torch.zeros(1))
-    assert [f.horizon for f in forecast] == list(range(1, 2 * LAYERS + 1))
-    assert [f.key for f in forecast] == [(s % LAYERS, s % EXPERTS) for s in range(1, 2 * LAYERS + 1)]
+    assert [f.horizon for f in forecast] == list(range(1, 4 * LAYERS + 1))
+    assert [f.key for f in forecast] == [(s % LAYERS, s % EXPERTS) for s in range(1, 4 * LAYERS + 1)]
     next_only = OraclePolicy(future, LAYERS, EXPERTS, lookahead=LAYERS)  # oracle-next: one token, no further
     next_only.observe(0, [0])
     assert max(f.horizon for f in next_only.forecast(0, torch.zeros(1), torch.zeros(1))) == LAYERS
