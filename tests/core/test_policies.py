@@ -165,16 +165,25 @@ def test_planned_prefetch_turns_the_next_layer_into_a_hit() -> None:
 
 @pytest.mark.parametrize("size", range(2, 11))
 def test_no_expert_in_use_is_ever_evicted_under_random_forecasts(size: int) -> None:
-    """Random routing and random forecasts on caches of every small size: every acquired slot
-    holds the right weights for as long as its layer runs, whatever the prefetches do."""
+    """Random routing and random forecasts on caches of every small size, with a prefill pass
+    streaming every few tokens: every acquired slot holds the right weights for as long as its
+    layer runs, whatever the prefetches and streamed copies do."""
     rng = random.Random(size)
     policy = SeqMoEPolicy(lambda h, l, r: torch.rand(3, EXPERTS), LAYERS, torch.full((LAYERS, EXPERTS), 0.3), 0.0)
     cache = make_cache(size, policy, gbps=0.05)
-    for step in range(120):
+    for step in range(160):
         layer = step % LAYERS
-        experts = sorted(rng.sample(range(EXPERTS), 2))
-        slots = cache.acquire(layer, experts, prefill=False)
-        cache.plan(policy.forecast(layer, torch.zeros(1), torch.tensor(experts)))
+        prefill = step // LAYERS % 5 == 4
+        if prefill and layer == 0:
+            cache.end_of_generation()  # a reply ended; the next prompt comes
+        experts = sorted(rng.sample(range(EXPERTS), rng.randint(2, min(size, EXPERTS)) if prefill else 2))
+        slots = cache.acquire(layer, experts, prefill=prefill)
+        if prefill:
+            policy.look_past_prompt(layer, torch.zeros(1), torch.tensor(experts))
+            if layer + 1 < LAYERS:
+                cache.stream(layer + 1, policy.stream_order(layer + 1))
+        else:
+            cache.plan(policy.forecast(layer, torch.zeros(1), torch.tensor(experts)))
         time.sleep(rng.random() * 0.002)
         values = [cache.pool.tensors["down_proj"][s][0, 0].item() for s in slots]
         assert values == [100.0 * layer + e for e in experts], f"cache of {size}, step {step}"
