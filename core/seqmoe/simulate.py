@@ -99,8 +99,8 @@ class SimulatedCopier:
         self.bytes_copied = 0
         self._queue: deque[tuple[CopyJob, float]] = deque()
         """Copies waiting for the lane, each with its submission time."""
-        self._finish: dict[int, float] = {}
-        self._running: list[CopyJob] = []
+        self._running: dict[CopyJob, float] = {}
+        """Copies on the lane or done but not yet noticed, each with its finish time."""
         self._free_at = 0.0
         self._stall: dict[str, float] = {}
         self._measured: deque[MeasuredStall] = deque(maxlen=STALL_BACKLOG)
@@ -125,7 +125,7 @@ class SimulatedCopier:
         self._settle()
         if job.state is JobState.QUEUED and self._take(job):
             self._start(job, self.clock.now)
-        finish = self._finish.get(id(job), self.clock.now)
+        finish = self._running.get(job, self.clock.now)
         if finish > self.clock.now:
             self._stall[phase] = self._stall.get(phase, 0.0) + finish - self.clock.now
             self._measured.append(MeasuredStall(job.key, finish - self.clock.now, job.urgent, phase))
@@ -156,9 +156,8 @@ class SimulatedCopier:
     def _start(self, job: CopyJob, at: float) -> None:
         start = max(self._free_at, at)
         self._free_at = start + self.copy_seconds
-        self._finish[id(job)] = self._free_at
+        self._running[job] = self._free_at
         job.state = JobState.COPYING
-        self._running.append(job)
         self.bytes_copied += self.expert_bytes
 
     def _take(self, job: CopyJob) -> bool:
@@ -175,9 +174,8 @@ class SimulatedCopier:
         or when it was submitted, whichever is later, not at the step that notices it."""
         while self._queue and self._free_at <= self.clock.now:
             self._start(*self._queue.popleft())
-        for job in [j for j in self._running if self._finish[id(j)] <= self.clock.now]:
-            self._running.remove(job)
-            del self._finish[id(job)]
+        for job in [j for j, finish in self._running.items() if finish <= self.clock.now]:
+            del self._running[job]
             for destination, source in job.pairs:
                 destination.copy_(source)
             job.state = JobState.DONE

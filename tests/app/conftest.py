@@ -4,6 +4,7 @@ database, and (in the widget tests) a fake engine or a tiny real model."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 # As seqmoe_chat.main does, before anything loads PyTorch (it matters when tests/app runs alone).
@@ -36,10 +37,12 @@ def make_window(qtbot, backend, data_dir: Path):
     from seqmoe_chat.application import open_context
     from seqmoe_chat.main_window import MainWindow
 
-    def make(wait_for_model: bool = True, model: str | None = None) -> MainWindow:
+    def make(wait_for_model: bool = True, model: str | None = None, on_built: Callable[[MainWindow], None] | None = None) -> MainWindow:
         context = open_context(data_dir, backend.open)
         window = MainWindow(context, model)
         qtbot.addWidget(window)
+        if on_built is not None:  # the window as built, before the platform shows it
+            on_built(window)
         window.show()
         window.activateWindow()
         qtbot.waitUntil(window.isActiveWindow)
