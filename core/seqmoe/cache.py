@@ -42,7 +42,7 @@ from .transfer import Copier, CopyJob, ExpertKey, JobState, MeasuredStall
 
 PHASES = ("prefill", "decode")
 LAYER_TIME_SMOOTHING = 0.2
-DEMOTE_ABOVE = 0.5
+KEEP_LATE_ABOVE = 0.5
 """Late prefetches at least this likely are still queued (see ``scheduler``)."""
 SNAPSHOT_SECONDS = 0.05
 """At most one cache-map snapshot per this interval: a panel redraws at a few hertz, and a
@@ -264,7 +264,7 @@ class ExpertCache:
         jobs = [Job(key, deadline(f.horizon), f.probability * copy_seconds, f.probability) for key, f in best.items()]
         candidates = self._evictable()
         room = len(self.pool.free) + len(candidates)
-        for job in schedule(jobs, room, demote_above=DEMOTE_ABOVE):
+        for job in schedule(jobs, room, keep_late_above=KEEP_LATE_ABOVE):
             if not self._prefetch(job.key, candidates, "decode", job.probability):
                 break
 

@@ -10,10 +10,14 @@ under a cap on how many copies the cache has room for (a truncated matroid).
 
 A job that finds no free slot before its deadline cannot arrive in time, but it still
 shortens the stall of its layer by whatever part of the copy it overlaps with compute,
-and on a link slower than a layer's compute that is the common case. Such a job is kept
-when it is likely to be used (``probability >= demote_above``) and the cache has room
-after the on-time jobs: it is *demoted* in the choice, never in the order. Unlikely late
-jobs are *dropped*: they would occupy the link that a miss needs.
+and on a link slower than a layer's compute that is the common case. So a late job is
+kept when it is likely to be used (``probability >= keep_late_above``) and *dropped*
+otherwise: an unlikely one would occupy the link that a miss needs. When the cache has room for fewer
+jobs than the on-time and the kept late ones, the most profitable of both get it: a far
+on-time job can still be planned at the next layers' re-plans, a late one cannot wait.
+(Measured with the simulator on the held-out chat at cache ratio 0.20, giving the room to
+the on-time jobs first made the oracle's hit rate 93.2% instead of 99.9%, and its speed
+27.1% of ``full`` instead of 27.6%; at 0.30 and above, and for ``seqmoe``, nothing changed.)
 
 The chosen jobs run soonest deadline first, the late ones therefore before the on-time
 ones. Compute runs the layers in order and waits at the first expert that is not ready,
@@ -42,9 +46,9 @@ class Job:
     probability: float = 0.0
 
 
-def schedule(jobs: Sequence[Job], capacity: int, demote_above: float | None = None) -> list[Job]:
-    """The most profitable set of at most ``capacity`` jobs that meet their deadlines, with the
-    demoted late jobs while there is room, soonest deadline first (see the module docstring)."""
+def schedule(jobs: Sequence[Job], capacity: int, keep_late_above: float | None = None) -> list[Job]:
+    """The most profitable set of at most ``capacity`` jobs that meet their deadlines, or are late
+    but likely (``keep_late_above``), soonest deadline first (see the module docstring)."""
     horizon = max(0, min(max((job.deadline for job in jobs), default=0), len(jobs)))
     parent = list(range(horizon + 1))  # parent[t]: latest free slot <= t, as slot index + 1 (0 = none)
 
@@ -56,19 +60,18 @@ def schedule(jobs: Sequence[Job], capacity: int, demote_above: float | None = No
             parent[t], t = root, parent[t]
         return root
 
-    placed: dict[int, Job] = {}
-    for job in sorted(jobs, key=lambda j: (-j.profit, j.deadline, j.key)):
-        if len(placed) >= capacity:
-            break
+    chosen: list[Job] = []
+    for job in sorted(jobs, key=_by_profit):
         slot = latest_free(max(0, min(job.deadline, horizon)))
-        if slot == 0:
-            continue
-        placed[slot] = job
-        parent[slot] = slot - 1
-    chosen = [placed[slot] for slot in sorted(placed)]
-    if demote_above is not None:
-        on_time = set(map(id, chosen))
-        late = [j for j in jobs if id(j) not in on_time and j.probability >= demote_above]
-        late.sort(key=lambda j: (-j.profit, j.deadline, j.key))
-        chosen += late[: max(capacity - len(chosen), 0)]
+        if slot != 0:
+            parent[slot] = slot - 1
+            chosen.append(job)
+        elif keep_late_above is not None and job.probability >= keep_late_above:
+            chosen.append(job)
+    # Greedy in profit order: the first ``capacity`` of the on-time jobs are the capped JSD's set.
+    chosen = sorted(chosen, key=_by_profit)[: max(capacity, 0)]
     return sorted(chosen, key=lambda j: (j.deadline, -j.profit, j.key))
+
+
+def _by_profit(job: Job) -> tuple:
+    return (-job.profit, job.deadline, job.key)

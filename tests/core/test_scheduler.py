@@ -44,21 +44,28 @@ def test_latest_free_slot_leaves_early_slots_for_urgent_jobs() -> None:
     assert schedule([relaxed, urgent], capacity=5) == [urgent, relaxed]
 
 
-def test_likely_late_jobs_take_the_room_left_and_run_first() -> None:
+def test_likely_late_jobs_are_kept_and_run_first() -> None:
     on_time = Job((1, 0), deadline=2, profit=0.3, probability=0.3)
     likely_late = [Job((0, 1), deadline=0, profit=0.9, probability=0.9), Job((0, 2), deadline=-1, profit=0.6, probability=0.6)]
     unlikely_late = Job((0, 3), deadline=0, profit=0.2, probability=0.2)
-    plan = schedule([on_time, *likely_late, unlikely_late], capacity=5, demote_above=0.5)
+    plan = schedule([on_time, *likely_late, unlikely_late], capacity=5, keep_late_above=0.5)
     assert plan == [likely_late[1], likely_late[0], on_time]
-    # Room for one late job after the on-time one: the likelier.
-    assert schedule([on_time, *likely_late, unlikely_late], capacity=2, demote_above=0.5) == [likely_late[0], on_time]
+
+
+def test_short_room_goes_to_the_most_profitable_late_or_on_time_jobs() -> None:
+    far = Job((3, 0), deadline=4, profit=0.55, probability=0.55)
+    near_late = Job((1, 0), deadline=0, profit=0.8, probability=0.8)
+    on_time = Job((2, 0), deadline=2, profit=0.7, probability=0.7)
+    # A far on-time job can wait for a later re-plan; the likely late one cannot.
+    assert schedule([far, near_late, on_time], capacity=2, keep_late_above=0.5) == [near_late, on_time]
+    assert schedule([far, near_late, on_time], capacity=1, keep_late_above=0.5) == [near_late]
 
 
 @pytest.mark.parametrize("seed", range(100))
 def test_a_plan_runs_in_deadline_order(seed: int) -> None:
     rng = random.Random(seed)
     jobs = [Job((0, i), rng.randrange(-2, 8), round(rng.random(), 3), rng.random()) for i in range(rng.randrange(1, 10))]
-    plan = schedule(jobs, rng.randrange(1, 10), demote_above=0.5)
+    plan = schedule(jobs, rng.randrange(1, 10), keep_late_above=0.5)
     assert [job.deadline for job in plan] == sorted(job.deadline for job in plan)
 
 
