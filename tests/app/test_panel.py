@@ -26,6 +26,7 @@ from seqmoe.resources import demo_model_dir
 
 from seqmoe_chat.panel import memory_monitor
 from seqmoe_chat.panel.cache_map import STATE_COLOURS
+from seqmoe_chat.panel.forecast_view import NO_FORECAST_COLOUR, ForecastView
 from seqmoe_chat.panel.memory_monitor import NO_NVML, MemoryMonitor
 from seqmoe_chat.panel.telemetry_model import CELL_STATES, TelemetryModel
 from seqmoe_chat.store.records import DONE
@@ -103,6 +104,30 @@ def test_recall_at_k_per_horizon_wraps_into_the_next_token() -> None:
     assert model.last_use[0, 2] == 2 and model.last_use[2, 3] == 1
     assert model.describe_cell(0, 2).splitlines()[1:] == ["last used at token 2", "predicted probability 0.60"]
     assert model.describe_cell(1, 3).splitlines()[1:] == ["not used yet", "no forecast yet"]
+
+
+def test_layers_routed_without_a_forecast_are_grey_not_a_forecast_of_zero(qtbot) -> None:
+    model = TelemetryModel(num_layers=3, num_experts=4, bytes_per_expert=10)
+    model.fold([
+        LayerRouted(0, (0, 1), (), True),
+        TokenGenerated(0, 7, 0.1),
+        LayerRouted(0, (0, 1), (), False),  # no forecast reached layers 0 and 1
+        LayerRouted(1, (2, 3), (), False),
+        ExpertsForecast(1, (((2, 3), 0.9),)),
+        LayerRouted(2, (3, 0), (), False),
+    ])
+    view = ForecastView()
+    qtbot.addWidget(view)
+    view.resize(400, 300)
+    view.show_model(model)
+    grid = view.grid
+    image = grid.grab().toImage()
+    colour = lambda layer, expert: image.pixel(grid.cell_rect(layer, expert).center().toPoint())  # noqa: E731
+    grey = QColor(NO_FORECAST_COLOUR).rgb()
+    assert {colour(layer, expert) for layer in (0, 1) for expert in range(4)} == {grey}
+    assert colour(2, 3) != grey and colour(2, 1) != grey and colour(2, 3) != colour(2, 1)
+    assert grid.describe(0, 1).startswith("layer 0, expert 1: no forecast, routed")
+    assert grid.describe(2, 3).startswith("layer 2, expert 3: forecast 0.90, routed")
 
 
 def test_prefetch_accounting_used_cancelled_and_unused() -> None:

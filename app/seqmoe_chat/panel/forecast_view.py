@@ -15,6 +15,9 @@ from .plots import quiet_plot
 from .telemetry_model import TelemetryModel
 
 ROUTED_COLOUR = "#ff4d4d"
+NO_FORECAST_COLOUR = "#c9cdd3"
+"""A layer that routed without a forecast (the first layers of a reply, policies that do not
+forecast): not viridis' 0, which would read as a forecast of "none of them"."""
 RECALL_COLOUR = "#3f8fd2"
 
 
@@ -24,7 +27,8 @@ def _argb_lut(name: str) -> np.ndarray:
 
 
 class ForecastGrid(LayerGrid):
-    """Forecast probability per cell (viridis, 0 to 1); a ring marks each routed expert."""
+    """Forecast probability per cell (viridis, 0 to 1; grey where there was none); a ring marks
+    each routed expert."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -35,7 +39,9 @@ class ForecastGrid(LayerGrid):
 
     def show_forecast(self, probabilities: np.ndarray, routed: list[tuple[int, ...]]) -> None:
         self.probabilities, self.routed = probabilities.copy(), list(routed)
-        self.set_colours(self._lut[np.clip(probabilities * 255, 0, 255).astype(np.uint8)])
+        known = ~np.isnan(probabilities)
+        levels = np.clip(np.where(known, probabilities, 0.0) * 255, 0, 255).astype(np.uint8)
+        self.set_colours(np.where(known, self._lut[levels], np.uint32(QColor(NO_FORECAST_COLOUR).rgba())))
 
     def paint_overlay(self, painter: QPainter) -> None:
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
@@ -49,8 +55,9 @@ class ForecastGrid(LayerGrid):
 
     def _describe(self, layer: int, expert: int) -> str:
         routed = expert in self.routed[layer] if layer < len(self.routed) else False
-        return (f"layer {layer}, expert {expert}: forecast {self.probabilities[layer, expert]:.2f}, "
-                f"{'routed' if routed else 'not routed'} at the current token")
+        probability = self.probabilities[layer, expert]
+        forecast = "no forecast" if np.isnan(probability) else f"forecast {probability:.2f}"
+        return f"layer {layer}, expert {expert}: {forecast}, {'routed' if routed else 'not routed'} at the current token"
 
 
 class ForecastView(QWidget):
@@ -94,7 +101,7 @@ class ForecastView(QWidget):
         self._shown_recall = shown
         self.bars.setOpts(x=horizons, height=recalls, width=0.6)
         if horizons:
-            self.caption.setText("Colour: each layer's forecast for this token (0 to 1); red rings: the experts "
-                                 "routed. recall@k " + " · ".join(f"h={h} {r:.0%}" for h, r in shown))
+            self.caption.setText("Colour: each layer's forecast for this token (0 to 1; grey: none); red rings: "
+                                 "the experts routed. recall@k " + " · ".join(f"h={h} {r:.0%}" for h, r in shown))
         else:
             self.caption.setText("No forecasts yet: the seqmoe and gate policies forecast while a reply is decoded.")

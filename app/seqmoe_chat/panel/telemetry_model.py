@@ -122,7 +122,7 @@ class TelemetryModel:
         self.cells = np.full(shape, READY if self.all_resident else NOT_CACHED, dtype=np.int8)
         self.last_use = np.full(shape, NEVER, dtype=np.int32)
         self.probability = np.full(shape, np.nan, dtype=np.float32)  # the latest forecast; NaN: none yet
-        self.predicted = np.zeros(shape, dtype=np.float32)  # the forecast each layer had when it routed
+        self.predicted = np.full(shape, np.nan, dtype=np.float32)  # the forecast each layer had when it routed; NaN: none
         self.routed: list[tuple[int, ...]] = [() for _ in range(self.num_layers)]  # at the current token
         self._pending: dict[int, dict[int, dict[int, float]]] = {}  # target layer -> horizon -> expert -> p
         self._outstanding: set[tuple[int, int]] = set()  # prefetched, neither used, cancelled nor evicted
@@ -206,7 +206,7 @@ class TelemetryModel:
         self.recall = {}
         self.stall_per_token = []
         self.recent_stalls.clear()
-        self.predicted[:] = 0.0
+        self.predicted[:] = np.nan
         self.routed = [() for _ in range(self.num_layers)]
         self._pending.clear()
         self._outstanding.clear()
@@ -232,7 +232,7 @@ class TelemetryModel:
             return
         self.routed[layer] = event.experts
         forecasts = self._pending.pop(layer, {})
-        self.predicted[layer] = 0.0
+        self.predicted[layer] = 0.0 if forecasts else np.nan
         if not forecasts:
             return
         routed, k = set(event.experts), len(event.experts)
