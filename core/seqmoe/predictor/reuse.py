@@ -19,6 +19,13 @@ From the probabilities, ``waits`` gives the expected number of further runs unti
 use, given the next run does not use it: the survival ``S(n)`` between the horizons is
 interpolated geometrically, continued past the last horizon at its mean rate from the first
 horizon, and ``sum_{n>=1} S(n) / S(1)``; for the geometric case that is ``1 / rate``.
+
+Its validation loss is not a measure of the eviction it gives. On the demo model (simulated
+on the held-out chat, cache ratio 0.45), the head cuts decode copies from 5.70 to 5.11 per
+token against the rate rule; trained on the same traces, a head of width 128 instead of 64
+lowered the validation loss from 0.319 to 0.292 and copied 5.11 against 5.10, and weighting
+the recently used experts (those eviction chooses among) copied 5.09. Judge a change to the
+head with ``seqmoe simulate``.
 """
 
 from __future__ import annotations
