@@ -24,7 +24,7 @@ from .policies import ORACLE_NEXT, ORACLES, LRUPolicy, OraclePolicy, Policy, Seq
 from .predictor.model import ExpertPredictor
 from .store import ExpertLayout
 from .trace import Traces, document_runs
-from .transfer import STALL_BACKLOG, CopyJob, ExpertKey, JobState, MeasuredStall
+from .transfer import STALL_BACKLOG, CopyJob, ExpertKey, JobState, MeasuredStall, take_queued
 
 
 @dataclass(frozen=True)
@@ -116,14 +116,14 @@ class SimulatedCopier:
 
     def cancel(self, job: CopyJob) -> bool:
         self._settle()
-        if self._take(job):
+        if take_queued(self._queue, job) is not None:
             job.state = JobState.CANCELLED
             return True
         return False
 
     def wait(self, job: CopyJob, phase: str = "decode") -> None:
         self._settle()
-        if job.state is JobState.QUEUED and self._take(job):
+        if job.state is JobState.QUEUED and take_queued(self._queue, job) is not None:
             self._start(job, self.clock.now)
         finish = self._running.get(job, self.clock.now)
         if finish > self.clock.now:
@@ -159,14 +159,6 @@ class SimulatedCopier:
         self._running[job] = self._free_at
         job.state = JobState.COPYING
         self.bytes_copied += self.expert_bytes
-
-    def _take(self, job: CopyJob) -> bool:
-        """Remove ``job`` from the queue; False if it is not there."""
-        for entry in self._queue:
-            if entry[0] is job:
-                self._queue.remove(entry)
-                return True
-        return False
 
     def _settle(self) -> None:
         """Start what the lane has started by now and finish what it has finished. The clock moves

@@ -147,22 +147,18 @@ class EmulatedCopier:
 
     def cancel(self, job: CopyJob) -> bool:
         with self._cond:
-            for entry in self._queue:
-                if entry[0] is job:
-                    self._queue.remove(entry)
-                    job.state = JobState.CANCELLED
-                    return True
-        return False
+            if take_queued(self._queue, job) is None:
+                return False
+            job.state = JobState.CANCELLED
+            return True
 
     def wait(self, job: CopyJob, phase: str = "decode") -> None:
         if job.ready.is_set():
             return
         with self._cond:
-            for entry in self._queue:
-                if entry[0] is job:
-                    self._queue.remove(entry)
-                    self._queue.appendleft(entry)
-                    break
+            entry = take_queued(self._queue, job)
+            if entry is not None:
+                self._queue.appendleft(entry)
         start = time.perf_counter()
         job.ready.wait()
         seconds = time.perf_counter() - start
@@ -219,6 +215,16 @@ class EmulatedCopier:
             job.ready.set()
 
 
+def take_queued(queue: deque[tuple[CopyJob, float]], job: CopyJob) -> tuple[CopyJob, float] | None:
+    """Remove ``job``'s entry (the job and its submission time) from a link's queue; ``None`` if
+    it is not queued."""
+    for entry in queue:
+        if entry[0] is job:
+            queue.remove(entry)
+            return entry
+    return None
+
+
 def _memcpy(dst: torch.Tensor, src: torch.Tensor) -> None:
     """A single-threaded copy between contiguous CPU tensors.
 
@@ -250,10 +256,10 @@ class CudaCopier:
         self._pending: deque[CopyJob] = deque()
         self._in_flight: deque[CopyJob] = deque()
         self._released: dict[int, torch.cuda.Event] = {}
-        self._stall_pairs: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
-        """Stalls not yet added to ``_stall_totals``."""
+        self._unread: deque[tuple[CopyJob, str, torch.cuda.Event, torch.cuda.Event]] = deque()
+        """Stalls the GPU may not have passed yet, oldest first (each read once, see ``_read_stalls``)."""
         self._stall_totals: dict[str, float] = {}
-        self._unmeasured: deque[tuple[CopyJob, str, torch.cuda.Event, torch.cuda.Event]] = deque(maxlen=STALL_BACKLOG)
+        self._measured: deque[MeasuredStall] = deque(maxlen=STALL_BACKLOG)
 
     def submit(self, job: CopyJob, urgent: bool = False) -> None:
         job.urgent = urgent
@@ -283,8 +289,7 @@ class CudaCopier:
             before.record(compute)
             compute.wait_event(event)
             after.record(compute)
-            self._stall_pairs.append((phase, before, after))
-            self._unmeasured.append((job, phase, before, after))
+            self._unread.append((job, phase, before, after))
         # From the compute stream's point of view the slot now holds the expert.
         job.state = JobState.DONE
 
@@ -303,20 +308,25 @@ class CudaCopier:
 
     def take_stalls(self) -> list[MeasuredStall]:
         """The stalls the GPU has already passed (querying events never blocks)."""
-        taken = []
-        while self._unmeasured and self._unmeasured[0][3].query():
-            job, phase, before, after = self._unmeasured.popleft()
-            taken.append(MeasuredStall(job.key, before.elapsed_time(after) / 1000.0, job.urgent, phase))
+        self._read_stalls()
+        taken = list(self._measured)
+        self._measured.clear()
         return taken
 
     def stall_seconds(self, phase: str | None = None) -> float:
-        # Each stall is read once: a long chat must not make every later call slower.
-        if self._stall_pairs:
-            self._stall_pairs[-1][2].synchronize()
-            for tag, before, after in self._stall_pairs:
-                self._stall_totals[tag] = self._stall_totals.get(tag, 0.0) + before.elapsed_time(after) / 1000.0
-            self._stall_pairs.clear()
+        if self._unread:
+            self._unread[-1][3].synchronize()
+        self._read_stalls()
         return sum(self._stall_totals.values()) if phase is None else self._stall_totals.get(phase, 0.0)
+
+    def _read_stalls(self) -> None:
+        """Time the stalls the GPU has passed, in the order it passed them, once each: a long chat
+        must not make every later call slower."""
+        while self._unread and self._unread[0][3].query():
+            job, phase, before, after = self._unread.popleft()
+            seconds = before.elapsed_time(after) / 1000.0
+            self._stall_totals[phase] = self._stall_totals.get(phase, 0.0) + seconds
+            self._measured.append(MeasuredStall(job.key, seconds, job.urgent, phase))
 
     def seconds_per_copy(self, nbytes: int) -> float:
         return self.speed.seconds_for(nbytes)

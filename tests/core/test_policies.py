@@ -94,10 +94,20 @@ def test_the_oracle_forecasts_the_next_four_tokens() -> None:
     assert max(f.horizon for f in next_only.forecast(0, torch.zeros(1), torch.zeros(1))) == LAYERS
 
 
+def fake_host() -> HostStore:
+    return HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pin=False)
+
+
 def make_cache(size: int, policy: Policy, gbps: float = 50.0) -> ExpertCache:
-    host = HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pin=False)
     copier = EmulatedCopier(gbytes_per_s=gbps, latency_s=0.0)
-    return ExpertCache(host, size=size, device=torch.device("cpu"), copier=copier, policy=policy, events=EventBus())
+    return ExpertCache(fake_host(), size=size, device=torch.device("cpu"), copier=copier, policy=policy, events=EventBus())
+
+
+def virtual_cache(size: int, policy: Policy, clock: VirtualClock, seconds_per_copy: float) -> ExpertCache:
+    """A cache on the simulator's link: copies take ``seconds_per_copy`` of ``clock``'s time."""
+    host = fake_host()
+    copier = SimulatedCopier(clock, seconds_per_copy, host.layout.bytes_per_expert)
+    return ExpertCache(host, size, torch.device("cpu"), copier, policy, EventBus(), clock=clock)
 
 
 def test_admission_refuses_a_prefetch_needed_later_than_its_victim() -> None:
@@ -139,9 +149,7 @@ def test_gate_loads_every_guess_as_mixtral_offloading_does() -> None:
 
 def test_link_load_is_copy_time_per_second_of_compute_stalls_excluded() -> None:
     clock = VirtualClock()
-    host = HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pin=False)
-    copier = SimulatedCopier(clock, seconds_per_copy=4.0, expert_bytes=1)
-    cache = ExpertCache(host, 4, torch.device("cpu"), copier, belady(), EventBus(), clock=clock)
+    cache = virtual_cache(4, belady(), clock, seconds_per_copy=4.0)
     cache.release(cache.acquire(0, [0], prefill=False))  # a miss: 4 s of stall
     clock.now += 1.0  # the layer computes for 1 s
     cache.release(cache.acquire(1, [1], prefill=False))
@@ -330,9 +338,7 @@ def test_prefill_keeps_the_experts_the_reply_starts_with() -> None:
     for told in (False, True):
         policy = SeqMoEPolicy(_first_reply_predictor(2), LAYERS, torch.full((LAYERS, EXPERTS), 0.3))
         clock = VirtualClock()  # each layer computes long enough for its streamed copies to land
-        host = HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pin=False)
-        copier = SimulatedCopier(clock, seconds_per_copy=0.1, expert_bytes=1)
-        cache = ExpertCache(host, 10, torch.device("cpu"), copier, policy, EventBus(), clock=clock)
+        cache = virtual_cache(10, policy, clock, seconds_per_copy=0.1)
         for layer in range(LAYERS):  # a prefill pass routed to three experts of each layer
             slots = cache.acquire(layer, [0, 1, 2], prefill=True)
             if told:
@@ -349,9 +355,7 @@ def test_prefill_keeps_the_experts_the_reply_starts_with() -> None:
 
 
 def oracle_cache(future: list[tuple[int, frozenset[int]]], size: int, clock: VirtualClock) -> ExpertCache:
-    host = HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pin=False)
-    policy = OraclePolicy(future, LAYERS, EXPERTS)
-    return ExpertCache(host, size, torch.device("cpu"), SimulatedCopier(clock, 1.0, 1), policy, EventBus(), clock=clock)
+    return virtual_cache(size, OraclePolicy(future, LAYERS, EXPERTS), clock, seconds_per_copy=1.0)
 
 
 def test_a_layer_never_evicts_one_of_its_own_experts_to_load_another() -> None:
@@ -390,9 +394,8 @@ def queued_prefetch_cache() -> tuple[ExpertCache, VirtualClock, list[object]]:
     """A full cache of three layer-0 experts, then two prefetches of layer 1 on a link busy
     with the first: the first copy has started, the second is queued."""
     clock = VirtualClock()
-    host = HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pin=False)
     policy = belady()
-    cache = ExpertCache(host, 3, torch.device("cpu"), SimulatedCopier(clock, 4.0, 1), policy, EventBus(), clock=clock)
+    cache = virtual_cache(3, policy, clock, seconds_per_copy=4.0)
     for expert in (0, 1, 2):
         cache.release(cache.acquire(0, [expert], prefill=False))
         clock.now += 8.0  # the layer computes: the link is busy half the time
@@ -452,9 +455,8 @@ def test_a_displaced_expert_is_evicted_when_the_copy_over_it_starts() -> None:
 
 def test_a_cancelled_prefetch_is_not_counted_as_copied() -> None:
     clock = VirtualClock()
-    host = HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pin=False)
-    expert = host.layout.bytes_per_expert
-    cache = ExpertCache(host, 4, torch.device("cpu"), SimulatedCopier(clock, 4.0, expert), belady(), EventBus(), clock=clock)
+    cache = virtual_cache(4, belady(), clock, seconds_per_copy=4.0)
+    expert = cache.host.layout.bytes_per_expert
     cache.release(cache.acquire(0, [0, 1], prefill=True))  # two prefill misses
     clock.now += 8.0
     cache.release(cache.acquire(1, [0], prefill=False))  # a decode miss

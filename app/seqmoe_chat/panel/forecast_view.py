@@ -18,6 +18,7 @@ ROUTED_COLOUR = "#ff4d4d"
 NO_FORECAST_COLOUR = "#c9cdd3"
 """A layer that routed without a forecast (the first layers of a reply, policies that do not
 forecast): not viridis' 0, which would read as a forecast of "none of them"."""
+_NO_FORECAST_ARGB = np.uint32(QColor(NO_FORECAST_COLOUR).rgba())
 RECALL_COLOUR = "#3f8fd2"
 
 
@@ -41,7 +42,7 @@ class ForecastGrid(LayerGrid):
         self.probabilities, self.routed = probabilities.copy(), list(routed)
         known = ~np.isnan(probabilities)
         levels = np.clip(np.where(known, probabilities, 0.0) * 255, 0, 255).astype(np.uint8)
-        self.set_colours(np.where(known, self._lut[levels], np.uint32(QColor(NO_FORECAST_COLOUR).rgba())))
+        self.set_colours(np.where(known, self._lut[levels], _NO_FORECAST_ARGB))
 
     def paint_overlay(self, painter: QPainter) -> None:
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
