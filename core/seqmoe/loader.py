@@ -43,7 +43,7 @@ from .store import HostStore, expert_parameters
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 """The config keys that transformers' MoE architectures name their routed-expert count by."""
-_TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k")
+_TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k", "top_k_experts")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEQUANTIZED_ON_LOAD: dict[str, Callable[[], object]] = {"mxfp4": lambda: Mxfp4Config(dequantize=True)}
 """Quantized checkpoint formats that transformers turns into plain weights while loading (gpt-oss
@@ -186,12 +186,19 @@ def check_supported(config: PretrainedConfig) -> nn.Module:
         )
     if find_experts(skeleton):
         return skeleton
-    if largest_int(config, EXPERT_COUNT_KEYS) > 1:
+    if _declares_experts(config):
         raise ModelRefused(
             f"{architecture} is an MoE whose experts do not use transformers' experts interface; "
             "seqmoe cannot offload it"
         )
     raise ModelRefused(f"{architecture} is not a Mixture-of-Experts model; seqmoe offloads MoE experts only")
+
+
+def _declares_experts(config: PretrainedConfig) -> bool:
+    """Whether the config, or a config nested in it (DBRX keeps its experts in ``ffn_config``),
+    names more than one routed expert."""
+    nested = [value for value in vars(config).values() if isinstance(value, PretrainedConfig)]
+    return largest_int(config, EXPERT_COUNT_KEYS) > 1 or any(map(_declares_experts, nested))
 
 
 def _kind_of_model(model_type: str) -> str:

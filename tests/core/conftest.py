@@ -77,6 +77,12 @@ FAMILIES: dict[str, transformers.PretrainedConfig] = {
     "phimoe": transformers.PhimoeConfig(
         **_COMMON, intermediate_size=48, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2
     ),
+    # a dense MLP beside the MoE block in every layer, and the top-k under its own name (Gemma 4 26B-A4B)
+    "gemma4": transformers.Gemma4TextConfig(
+        **_COMMON, head_dim=8, intermediate_size=64, num_hidden_layers=2, enable_moe_block=True, num_experts=8,
+        top_k_experts=2, moe_intermediate_size=32, hidden_size_per_layer_input=0, sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
     # linear-attention layers between full-attention ones, and a gated shared expert: no plain KV cache
     "qwen3_next": transformers.Qwen3NextConfig(
         **_COMMON, head_dim=8, intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,

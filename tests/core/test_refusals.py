@@ -58,12 +58,23 @@ def test_dense_model_is_not_an_moe(capsys: pytest.CaptureFixture[str], tmp_path:
     assert_refused(capsys, folder, "LlamaForCausalLM", "not a Mixture-of-Experts")
 
 
-def test_moe_outside_the_experts_interface_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    config = transformers.JetMoeConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, kv_channels=8,
-                                       num_local_experts=4, num_experts_per_tok=2)
-    folder = build_model(tmp_path / "jetmoe", config)
-    assert_refused(capsys, folder, "JetMoeForCausalLM", "experts interface")
+@pytest.mark.parametrize(
+    ("config", "architecture"),
+    [
+        (transformers.JetMoeConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, kv_channels=8,
+                                   num_local_experts=4, num_experts_per_tok=2), "JetMoeForCausalLM"),
+        # the expert count in a nested config
+        (transformers.DbrxConfig(d_model=32, n_heads=4, n_layers=2, vocab_size=128, attn_config={"kv_n_heads": 2, "rope_theta": 10000.0},
+                                 ffn_config={"ffn_hidden_size": 48, "moe_num_experts": 4, "moe_top_k": 2}),
+         "DbrxForCausalLM"),
+    ],
+)
+def test_moe_outside_the_experts_interface_is_named(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, config: transformers.PretrainedConfig, architecture: str
+) -> None:
+    folder = build_model(tmp_path / config.model_type, config)
+    assert_refused(capsys, folder, architecture, "experts interface")
 
 
 @pytest.mark.parametrize(
