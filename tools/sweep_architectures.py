@@ -98,9 +98,11 @@ def sweep_one(model_type: str, workdir: Path) -> dict[str, object]:
     problem = ""
     for number, variant in enumerate(VARIANTS):
         settings = {key: value for key, value in {**SMALL, **variant}.items() if key in keys}
-        if "mlp_layer_types" in keys:
-            # Left to the default, a model this small has only the dense layers that precede the MoE ones.
-            settings["mlp_layer_types"] = ["dense"] + ["sparse"] * (settings["num_hidden_layers"] - 1)
+        kinds = keys.get("mlp_layer_types")
+        if isinstance(kinds, list) and kinds:
+            # Cut from the default, a model this small would keep only the first layers' kind (Beam's
+            # dense ones); the first kind, then the last (in the family's own names).
+            settings["mlp_layer_types"] = kinds[:1] + kinds[-1:] * (settings["num_hidden_layers"] - 1)
         try:
             folder = build_model(workdir / f"{model_type}-{number}", config_class(**settings))
             expected = reference_tokens(folder, greedy)
