@@ -24,7 +24,7 @@ from .policies import ORACLE_NEXT, ORACLES, LRUPolicy, OraclePolicy, Policy, Seq
 from .predictor.model import ExpertPredictor
 from .store import ExpertLayout
 from .trace import Traces, document_runs
-from .transfer import STALL_BACKLOG, CopyJob, ExpertKey, JobState, MeasuredStall, take_queued
+from .transfer import CopyJob, ExpertKey, JobState, MeasuredStall, StallLog, take_queued
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,7 @@ class SimulatedCopier:
         self._running: dict[CopyJob, float] = {}
         """Copies on the lane or done but not yet noticed, each with its finish time."""
         self._free_at = 0.0
-        self._stall: dict[str, float] = {}
-        self._measured: deque[MeasuredStall] = deque(maxlen=STALL_BACKLOG)
+        self._stalls = StallLog()
 
     def submit(self, job: CopyJob, urgent: bool = False) -> None:
         self._settle()
@@ -127,8 +126,7 @@ class SimulatedCopier:
             self._start(job, self.clock.now)
         finish = self._running.get(job, self.clock.now)
         if finish > self.clock.now:
-            self._stall[phase] = self._stall.get(phase, 0.0) + finish - self.clock.now
-            self._measured.append(MeasuredStall(job.key, finish - self.clock.now, job.urgent, phase))
+            self._stalls.add(job, finish - self.clock.now, phase)
             self.clock.now = finish
         self._settle()
 
@@ -140,12 +138,10 @@ class SimulatedCopier:
         return job.state is JobState.DONE
 
     def take_stalls(self) -> list[MeasuredStall]:
-        taken = list(self._measured)
-        self._measured.clear()
-        return taken
+        return self._stalls.take()
 
     def stall_seconds(self, phase: str | None = None) -> float:
-        return sum(self._stall.values()) if phase is None else self._stall.get(phase, 0.0)
+        return self._stalls.seconds(phase)
 
     def seconds_per_copy(self, nbytes: int) -> float:
         return self.copy_seconds

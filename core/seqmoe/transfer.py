@@ -67,6 +67,26 @@ class MeasuredStall:
     phase: str
 
 
+class StallLog:
+    """The stalls a copier measured: totals per phase, and the latest ones until they are taken."""
+
+    def __init__(self) -> None:
+        self._totals: dict[str, float] = {}
+        self._latest: deque[MeasuredStall] = deque(maxlen=STALL_BACKLOG)
+
+    def add(self, job: CopyJob, seconds: float, phase: str) -> None:
+        self._totals[phase] = self._totals.get(phase, 0.0) + seconds
+        self._latest.append(MeasuredStall(job.key, seconds, job.urgent, phase))
+
+    def take(self) -> list[MeasuredStall]:
+        taken = list(self._latest)
+        self._latest.clear()
+        return taken
+
+    def seconds(self, phase: str | None = None) -> float:
+        return sum(self._totals.values()) if phase is None else self._totals.get(phase, 0.0)
+
+
 class Copier(Protocol):
     """The interface every copy backend implements (see the module docstring)."""
 
@@ -126,8 +146,7 @@ class EmulatedCopier:
         self.latency_s = latency_s
         self.bytes_copied = 0
         self.speed = LinkSpeed(self.bytes_per_s)
-        self._stall: dict[str, float] = {}
-        self._measured: deque[MeasuredStall] = deque(maxlen=STALL_BACKLOG)
+        self._stalls = StallLog()
         self._queue: deque[tuple[CopyJob, float]] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -161,9 +180,7 @@ class EmulatedCopier:
                 self._queue.appendleft(entry)
         start = time.perf_counter()
         job.ready.wait()
-        seconds = time.perf_counter() - start
-        self._stall[phase] = self._stall.get(phase, 0.0) + seconds
-        self._measured.append(MeasuredStall(job.key, seconds, job.urgent, phase))
+        self._stalls.add(job, time.perf_counter() - start, phase)
 
     def release(self, slot: int) -> None:
         """CPU compute is synchronous: once the layer returned, the slot is free to overwrite."""
@@ -172,12 +189,10 @@ class EmulatedCopier:
         return job.ready.is_set()
 
     def take_stalls(self) -> list[MeasuredStall]:
-        taken = list(self._measured)
-        self._measured.clear()
-        return taken
+        return self._stalls.take()
 
     def stall_seconds(self, phase: str | None = None) -> float:
-        return sum(self._stall.values()) if phase is None else self._stall.get(phase, 0.0)
+        return self._stalls.seconds(phase)
 
     def seconds_per_copy(self, nbytes: int) -> float:
         return self.speed.seconds_for(nbytes)
@@ -258,8 +273,7 @@ class CudaCopier:
         self._released: dict[int, torch.cuda.Event] = {}
         self._unread: deque[tuple[CopyJob, str, torch.cuda.Event, torch.cuda.Event]] = deque()
         """Stalls the GPU may not have passed yet, oldest first (each read once, see ``_read_stalls``)."""
-        self._stall_totals: dict[str, float] = {}
-        self._measured: deque[MeasuredStall] = deque(maxlen=STALL_BACKLOG)
+        self._stalls = StallLog()
 
     def submit(self, job: CopyJob, urgent: bool = False) -> None:
         job.urgent = urgent
@@ -309,24 +323,20 @@ class CudaCopier:
     def take_stalls(self) -> list[MeasuredStall]:
         """The stalls the GPU has already passed (querying events never blocks)."""
         self._read_stalls()
-        taken = list(self._measured)
-        self._measured.clear()
-        return taken
+        return self._stalls.take()
 
     def stall_seconds(self, phase: str | None = None) -> float:
         if self._unread:
             self._unread[-1][3].synchronize()
         self._read_stalls()
-        return sum(self._stall_totals.values()) if phase is None else self._stall_totals.get(phase, 0.0)
+        return self._stalls.seconds(phase)
 
     def _read_stalls(self) -> None:
         """Time the stalls the GPU has passed, in the order it passed them, once each: a long chat
         must not make every later call slower."""
         while self._unread and self._unread[0][3].query():
             job, phase, before, after = self._unread.popleft()
-            seconds = before.elapsed_time(after) / 1000.0
-            self._stall_totals[phase] = self._stall_totals.get(phase, 0.0) + seconds
-            self._measured.append(MeasuredStall(job.key, seconds, job.urgent, phase))
+            self._stalls.add(job, before.elapsed_time(after) / 1000.0, phase)
 
     def seconds_per_copy(self, nbytes: int) -> float:
         return self.speed.seconds_for(nbytes)
