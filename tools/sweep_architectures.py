@@ -47,6 +47,7 @@ SMALL = dict(
 VARIANTS = (
     {}, {"num_key_value_heads": 4}, {"num_hidden_layers": 4}, {"num_key_value_heads": 4, "num_hidden_layers": 4},
     {"num_hidden_layers": 8}, {"mamba_n_heads": 8, "layer_types": ["mamba", "attention", "mamba"]},
+    {"layer_types": ["conv", "full_attention", "conv"]},
     # DBRX names its sizes its own way, the attention's and the experts' in nested configs
     {"d_model": 32, "n_heads": 4, "n_layers": 2, "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
      "ffn_config": {"ffn_hidden_size": 48, "moe_num_experts": 8, "moe_top_k": 2}},

@@ -83,6 +83,17 @@ FAMILIES: dict[str, transformers.PretrainedConfig] = {
         top_k_experts=2, moe_intermediate_size=32, hidden_size_per_layer_input=0, sliding_window=16,
         layer_types=["sliding_attention", "full_attention"],
     ),
+    # short-convolution layers with their own cache state among the attention ones (LFM2-8B-A1B)
+    "lfm2_moe": transformers.Lfm2MoeConfig(
+        **_COMMON, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=3, num_dense_layers=1,
+        num_experts=8, num_experts_per_tok=2, layer_types=["conv", "full_attention", "conv"],
+    ),
+    # Mamba-2 layers beside attention, and a shared expert (Granite 4.0-H)
+    "granitemoehybrid": transformers.GraniteMoeHybridConfig(
+        **_COMMON, intermediate_size=48, shared_intermediate_size=32, num_hidden_layers=3, num_local_experts=8,
+        num_experts_per_tok=2, layer_types=["mamba", "attention", "mamba"], mamba_n_heads=8, mamba_d_head=8,
+        mamba_n_groups=1, mamba_d_state=16, mamba_expand=2,
+    ),
     # linear-attention layers between full-attention ones, and a gated shared expert: no plain KV cache
     "qwen3_next": transformers.Qwen3NextConfig(
         **_COMMON, head_dim=8, intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,
