@@ -3,7 +3,7 @@ through the engine: does each load, and give transformers' own greedy tokens und
 
     .venv/bin/python tools/sweep_architectures.py [MODEL_TYPE ...]
 
-The tests cover a dozen families by hand; this sweep is for a transformers upgrade, when new
+The tests cover fifteen families by hand; this sweep is for a transformers upgrade, when new
 architectures arrive. Each model type runs in a child process (a default config may be huge,
 or crash), from its default config with the sizes below made small. Some architectures need
 more than that (multi-head latent attention wants as many key-value heads as heads, hybrid
@@ -49,7 +49,8 @@ VARIANTS = (
     {"num_hidden_layers": 8}, {"mamba_n_heads": 8, "layer_types": ["mamba", "attention", "mamba"]},
     {"layer_types": ["conv", "full_attention", "conv"]},
     # DBRX names its sizes its own way, the attention's and the experts' in nested configs
-    {"d_model": 32, "n_heads": 4, "n_layers": 2, "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+    {"d_model": 32, "n_heads": 4, "n_layers": 2,
+     "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
      "ffn_config": {"ffn_hidden_size": 48, "moe_num_experts": 8, "moe_top_k": 2}},
 )
 POLICIES = (("full", 1.0), ("lru", 0.5), ("gate", 0.5), ("seqmoe", 0.5), ("lru", None))
