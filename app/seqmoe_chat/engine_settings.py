@@ -117,7 +117,8 @@ def horizon_text(model: ModelInfo | None) -> str:
     layers = "layer" if model.predictor_horizon == 1 else "layers"
     if model.max_horizon == 1:
         return (f"now {model.predictor_horizon} MoE {layers} ahead with the {model.policy} policy; without a "
-                "calibrated predictor the seqmoe policy forecasts one layer (calibrate the model to see farther)")
+                "calibrated predictor the seqmoe policy forecasts one layer and runs at about lru's speed "
+                "(calibrate the model in Models…)")
     return f"now {model.predictor_horizon} MoE {layers} ahead with the {model.policy} policy; this model's predictor reaches {model.max_horizon}"
 
 
