@@ -62,20 +62,14 @@ def moe_model_types() -> list[str]:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from seqmoe.loader import EXPERT_COUNT_KEYS
-
-    def names_experts(settings: dict[str, object]) -> bool:
-        # Also an expert count left unset (Gemma 4, whose MoE block is a switch) and one in a nested
-        # config (DBRX's ffn_config, per-layer configs).
-        counts = [settings.get(key, 0) for key in EXPERT_COUNT_KEYS]
-        return any(count is None or (isinstance(count, int) and count > 1) for count in counts) or any(
-            isinstance(value, dict) and names_experts(value) for value in settings.values()
-        )
+    from seqmoe.loader import EXPERT_COUNT_KEYS, declares_experts
 
     found = []
     for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         try:
-            if names_experts(CONFIG_MAPPING[model_type]().to_dict()):
+            config = CONFIG_MAPPING[model_type]()
+            # Also an expert count left unset by default: Gemma 4's MoE block is a switch.
+            if declares_experts(config) or any(getattr(config, key, 0) is None for key in EXPERT_COUNT_KEYS):
                 found.append(model_type)
         except Exception:  # a default config that cannot be built or read says nothing about the engine
             continue

@@ -186,7 +186,7 @@ def check_supported(config: PretrainedConfig) -> nn.Module:
         )
     if find_experts(skeleton):
         return skeleton
-    if _declares_experts(config):
+    if declares_experts(config):
         raise ModelRefused(
             f"{architecture} is an MoE whose experts do not use transformers' experts interface; "
             "seqmoe cannot offload it"
@@ -194,11 +194,11 @@ def check_supported(config: PretrainedConfig) -> nn.Module:
     raise ModelRefused(f"{architecture} is not a Mixture-of-Experts model; seqmoe offloads MoE experts only")
 
 
-def _declares_experts(config: PretrainedConfig) -> bool:
+def declares_experts(config: PretrainedConfig) -> bool:
     """Whether the config, or a config nested in it (DBRX keeps its experts in ``ffn_config``),
     names more than one routed expert."""
     nested = [value for value in vars(config).values() if isinstance(value, PretrainedConfig)]
-    return largest_int(config, EXPERT_COUNT_KEYS) > 1 or any(map(_declares_experts, nested))
+    return largest_int(config, EXPERT_COUNT_KEYS) > 1 or any(map(declares_experts, nested))
 
 
 def _kind_of_model(model_type: str) -> str:

@@ -9,10 +9,10 @@ from PySide6.QtCore import QRect, Qt
 from PySide6.QtGui import QColor, QPainter
 from PySide6.QtWidgets import QWidget
 
-from .layer_grid import LayerGrid
+from .layer_grid import BLANK_COLOUR, LayerGrid
 from .telemetry_model import CELL_STATES, IN_USE, LOADING, NOT_CACHED, READY, TelemetryModel
 
-STATE_COLOURS = {NOT_CACHED: "#c9cdd3", LOADING: "#f2a93b", READY: "#3f8fd2", IN_USE: "#2fae5a"}
+STATE_COLOURS = {NOT_CACHED: BLANK_COLOUR, LOADING: "#f2a93b", READY: "#3f8fd2", IN_USE: "#2fae5a"}
 _LUT = np.array([QColor(STATE_COLOURS[state]).rgba() for state in range(len(CELL_STATES))], dtype=np.uint32)
 SWATCH = 10
 

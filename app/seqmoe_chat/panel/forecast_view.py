@@ -10,12 +10,12 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from .layer_grid import LayerGrid
+from .layer_grid import BLANK_COLOUR, LayerGrid
 from .plots import quiet_plot
 from .telemetry_model import TelemetryModel
 
 ROUTED_COLOUR = "#ff4d4d"
-NO_FORECAST_COLOUR = "#c9cdd3"
+NO_FORECAST_COLOUR = BLANK_COLOUR
 """A layer that routed without a forecast (the first layers of a reply, policies that do not
 forecast): not viridis' 0, which would read as a forecast of "none of them"."""
 _NO_FORECAST_ARGB = np.uint32(QColor(NO_FORECAST_COLOUR).rgba())
@@ -41,7 +41,7 @@ class ForecastGrid(LayerGrid):
     def show_forecast(self, probabilities: np.ndarray, routed: list[tuple[int, ...]]) -> None:
         self.probabilities, self.routed = probabilities.copy(), list(routed)
         known = ~np.isnan(probabilities)
-        levels = np.clip(np.where(known, probabilities, 0.0) * 255, 0, 255).astype(np.uint8)
+        levels = np.clip(np.nan_to_num(probabilities) * 255, 0, 255).astype(np.uint8)
         self.set_colours(np.where(known, self._lut[levels], _NO_FORECAST_ARGB))
 
     def paint_overlay(self, painter: QPainter) -> None:

@@ -20,6 +20,8 @@ from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 LABEL_WIDTH = 22
 GRID_LINES_FROM = 6  # cell size in pixels from which the cells get a visible border
+BLANK_COLOUR = "#c9cdd3"
+"""A cell with nothing to show: an expert not cached, a layer without a forecast."""
 
 
 class LayerGrid(QWidget):
