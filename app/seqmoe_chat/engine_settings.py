@@ -1,5 +1,5 @@
 """The settings dialog's engine page: device, cache policy, emulated link speed, the
-prediction horizon (up to the loaded model's predictor) and the VRAM budget."""
+prediction horizon (up to the loaded model's predictor), the context and the VRAM budget."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QFormLayout, QLabel, QS
 from .budget_slider import BudgetSlider
 from .panel.memory_monitor import MemorySample
 from .store import EngineOptions
-from .store.settings import DEVICES, POLICIES
+from .store.settings import DEVICES, MIN_CONTEXT_TOKENS, POLICIES
 from .store.speed_history import measured_speeds
 from .worker import ModelInfo
 
@@ -22,6 +22,8 @@ POLICY_NAMES = {
     "lru": "lru: load on demand, evict the least recently used",
     "full": "full: every expert in VRAM (the reference speed)",
 }
+MAX_CONTEXT_TOKENS = 2**20
+"""The spin box's end; beyond a model's own limit the engine holds that limit."""
 DEVICE_NAMES = {"auto": "automatic (CUDA when present)", "cuda": "CUDA GPU", "cpu": "CPU (emulated link)"}
 
 
@@ -76,12 +78,15 @@ class EnginePage(QWidget):
         self.horizon.setValue(options.horizon or self.horizon.maximum())
         self.horizon.setToolTip("How far ahead the seqmoe policy forecasts and prefetches; the predictor sets the limit")
         self.horizon_note = QLabel(horizon_text(model))
-        self.horizon_note.setWordWrap(True)
-        horizon_box = QWidget()
-        horizon_layout = QVBoxLayout(horizon_box)
-        horizon_layout.setContentsMargins(0, 0, 0, 0)
-        horizon_layout.addWidget(self.horizon)
-        horizon_layout.addWidget(self.horizon_note)
+        self.context = QSpinBox()
+        self.context.setRange(MIN_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS)
+        self.context.setSingleStep(1024)
+        self.context.setGroupSeparatorShown(True)
+        self.context.setSuffix(" tokens")
+        self.context.setValue(options.context_tokens)
+        self.context.setToolTip("Prompt and reply together; longer chats leave out their oldest turns. The VRAM budget "
+                                "sets aside the KV cache for this many tokens. Takes effect when a model is next loaded")
+        self.context_note = QLabel(context_text(model))
         self.budget = BudgetSlider(model, context.available_bytes, self.speeds_for(options.policy),
                                    options.vram_budget_gb, options.cache_ratio, context.automatic_bytes)
         self.policy.currentIndexChanged.connect(self._on_policy_changed)
@@ -89,7 +94,8 @@ class EnginePage(QWidget):
         layout.addRow("Device", self.device)
         layout.addRow("Cache policy", self.policy)
         layout.addRow("Emulated link", self.link)
-        layout.addRow("Prediction horizon", horizon_box)
+        layout.addRow("Prediction horizon", _with_note(self.horizon, self.horizon_note))
+        layout.addRow("Context", _with_note(self.context, self.context_note))
         layout.addRow(self.budget)
         self._on_policy_changed()
 
@@ -100,6 +106,7 @@ class EnginePage(QWidget):
         # The predictor's whole reach is stored as "no limit", so a better predictor later is used fully.
         options.horizon = None if self.horizon.value() >= self.horizon.maximum() else self.horizon.value()
         options.vram_budget_gb = self.budget.budget_gb()
+        options.context_tokens = self.context.value()
 
     def _on_policy_changed(self) -> None:
         policy = str(self.policy.currentData())
@@ -120,6 +127,24 @@ def horizon_text(model: ModelInfo | None) -> str:
                 "calibrated predictor the seqmoe policy forecasts one layer and runs at about lru's speed "
                 "(calibrate the model in Models…)")
     return f"now {model.predictor_horizon} MoE {layers} ahead with the {model.policy} policy; this model's predictor reaches {model.max_horizon}"
+
+
+def context_text(model: ModelInfo | None) -> str:
+    if model is None or not model.context_tokens:
+        return "shown once a model is loaded"
+    limit = ": the model's own limit" if model.context_tokens == model.context_limit else ""
+    return f"{model.name} now holds {model.context_tokens:,} tokens{limit}; the VRAM budget includes their KV cache"
+
+
+def _with_note(field: QWidget, note: QLabel) -> QWidget:
+    """``field`` with a wrapped line of explanation under it, as one form row."""
+    note.setWordWrap(True)
+    box = QWidget()
+    layout = QVBoxLayout(box)
+    layout.setContentsMargins(0, 0, 0, 0)
+    layout.addWidget(field)
+    layout.addWidget(note)
+    return box
 
 
 def _combo(names: dict[str, str], values: tuple[str, ...], current: str) -> QComboBox:

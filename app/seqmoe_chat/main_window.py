@@ -360,13 +360,9 @@ class MainWindow(QMainWindow):
 
     def open_models(self) -> None:
         if self._models_dialog is None:
-            self._models_dialog = ModelsDialog(self.models, self._vram_budget_bytes, self)
+            self._models_dialog = ModelsDialog(self.models, lambda: self.settings.engine, self)
             self._models_dialog.sig_load_requested.connect(self.load_model)
         self._models_dialog.open_tab()
-
-    def _vram_budget_bytes(self) -> int | None:
-        budget = self.settings.engine.vram_budget_gb
-        return int(budget * 2**30) if budget else None
 
     def _on_library_changed(self, items: list) -> None:
         self.model_bar.set_library([(i.model.name, str(i.model.path)) for i in items if i.model.source != BUNDLED])
@@ -390,8 +386,13 @@ class MainWindow(QMainWindow):
         if self.settings.engine != before and self.client.model is not None:
             # Queued on the worker: it applies between two replies, never during one.
             self.client.reconfigure(self.settings.engine)
-            if self.settings.engine.device != before.device:
-                self.status.showMessage("The device applies when the model is next loaded.", STATUS_MESSAGE_MS)
+            after = self.settings.engine
+            later = [name for name, changed in (("device", after.device != before.device),
+                                                ("context", after.context_tokens != before.context_tokens)) if changed]
+            if later:
+                verb = "applies" if len(later) == 1 else "apply"
+                self.status.showMessage(f"The {' and the '.join(later)} {verb} when the model is next loaded.",
+                                        STATUS_MESSAGE_MS)
 
     def set_theme(self, theme: str) -> None:
         self.settings.theme = theme

@@ -53,6 +53,8 @@ class ModelInfo:
     link_gbps: float = 0.0  # the emulated link's speed
     predictor_horizon: int | None = None  # MoE layers the policy forecasts ahead; None: it does not forecast
     max_horizon: int = 1  # the farthest the seqmoe policy can forecast with this model's predictor
+    context_tokens: int = 0  # prompt and reply, as the engine holds them (the setting, capped at the model's limit)
+    context_limit: int | None = None  # the model's own, when its config says
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ def open_engine(model: str, options: EngineOptions, on_progress: Progress) -> En
     from seqmoe.resources import demo_model_dir
 
     loaded = load_model(model or str(demo_model_dir()), device=options.device, on_progress=on_progress)
-    engine = Engine(loaded, link_gbps=options.link_gbps)
+    engine = Engine(loaded, link_gbps=options.link_gbps, context_tokens=options.context_tokens)
     engine.horizon = options.horizon
     try:
         engine.configure(options.policy, **options.cache_size(engine.free_memory_budget_gb()))
@@ -101,6 +103,8 @@ def model_info(engine: Engine) -> ModelInfo:
         link_gbps=engine.link_gbps,
         predictor_horizon=engine.forecast_horizon,
         max_horizon=engine.max_horizon(),
+        context_tokens=engine.context_tokens,
+        context_limit=engine.loaded.context_limit,
     )
 
 
@@ -298,12 +302,10 @@ def _engine_sampling(settings: SamplingSettings, max_new_tokens: int):
 
 
 def _fit_context(engine: Engine, messages: Messages, max_new_tokens: int) -> tuple[list[int], int]:
-    """The prompt ids and the reply length that fit the model's context: the oldest turns
+    """The prompt ids and the reply length that fit the engine's context: the oldest turns
     after the system prompt are left out until the prompt and some reply fit."""
-    limit = getattr(engine.loaded.config, "max_position_embeddings", None)
+    limit = engine.context_tokens
     ids = engine.encode_messages(messages)
-    if not limit:
-        return ids, max_new_tokens
     reply_room = min(max_new_tokens, limit // 4)
     kept = list(messages)
     first = 1 if kept and kept[0]["role"] == "system" else 0
@@ -312,9 +314,4 @@ def _fit_context(engine: Engine, messages: Messages, max_new_tokens: int) -> tup
         while len(kept) - first > 1 and kept[first]["role"] != "user":
             del kept[first]
         ids = engine.encode_messages(kept)
-    room = limit - len(ids)
-    if room <= 0:
-        from seqmoe import SeqMoEError
-
-        raise SeqMoEError(f"the message is too long for this model's context of {limit} tokens")
-    return ids, min(max_new_tokens, room)
+    return ids, min(max_new_tokens, engine.reply_room(ids))

@@ -15,6 +15,9 @@ from transformers import PretrainedConfig
 from .errors import BudgetTooSmall
 from .layer_configs import layer_configs
 
+DEFAULT_CONTEXT_TOKENS = 4096
+"""Tokens of prompt and reply the engine holds unless told otherwise (a chat's worth, as local
+chat apps default to); the KV cache for them is what a budget sets aside."""
 WORKSPACE_BYTES = {"cuda": 512 * 2**20, "cpu": 64 * 2**20}
 """CUDA reserves room for its context, cuBLAS workspaces and allocator fragmentation."""
 FREE_MEMORY_MARGIN = 0.1

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .bench import DEFAULT_SETUP, SETUPS
+from .budget import DEFAULT_CONTEXT_TOKENS
 from .errors import SeqMoEError
 from .policies import POLICY_NAMES
 from .predictor.calibration import CALIBRATION_TOKENS
@@ -102,6 +103,10 @@ def _whole(text: str) -> int:
     return _whole_at_least(text, 0, "a whole number, 0 or more")
 
 
+def _context(text: str) -> int:
+    return _whole_at_least(text, 2, "a context of at least 2 tokens (a prompt token and a reply token)")
+
+
 def _whole_at_least(text: str, least: int, expected: str) -> int:
     try:
         value = int(text)
@@ -130,6 +135,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--link-gbps", type=float, help="emulated host-to-device link speed in GB/s (default 25)")
     parser.add_argument("--link-latency-us", type=float, default=10.0, help="emulated per-copy latency in microseconds")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="compute dtype (default: the checkpoint's)")
+    parser.add_argument("--context", type=_context, default=DEFAULT_CONTEXT_TOKENS, metavar="TOKENS",
+                        help=f"prompt and reply together, at most the model's own limit; the VRAM budget sets aside "
+                             f"their KV cache (default {DEFAULT_CONTEXT_TOKENS})")
 
 
 def load_engine(args: argparse.Namespace):
@@ -139,7 +147,7 @@ def load_engine(args: argparse.Namespace):
 
     loaded = load_model(args.model or str(demo_model_dir()), device=args.device, dtype=args.dtype)
     link_gbps = DEFAULT_LINK_GBPS if args.link_gbps is None else args.link_gbps
-    return Engine(loaded, link_gbps=link_gbps, link_latency_us=args.link_latency_us)
+    return Engine(loaded, link_gbps=link_gbps, link_latency_us=args.link_latency_us, context_tokens=args.context)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -166,12 +174,15 @@ def run_generate(args: argparse.Namespace) -> int:
             "text": result.text,
             "token_ids": result.token_ids,
             "prompt_tokens": result.prompt_tokens,
+            "context_full": result.context_full,
             "stats": result.stats.as_dict(),
         }
         print(json.dumps(payload))
     else:
         print(flush=True)
         print(result.stats.summary(), file=sys.stderr)
+        if result.context_full:
+            print(f"the reply stopped where the {engine.context_tokens}-token context was full", file=sys.stderr)
     return 0
 
 
@@ -205,6 +216,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
     engine = load_engine(args)
     chat = bool(engine.loaded.tokenizer.chat_template)
     prompts = [engine.encode(text, chat=chat) for text in texts]
+    for number, ids in enumerate(prompts, 1):
+        try:
+            engine.reply_room(ids)
+        except SeqMoEError as error:
+            raise SeqMoEError(f"prompt {number}: {error}") from None
     copy_layers = None
     if engine.link == "emulated" and args.link_gbps is None:
         setup = SETUPS[args.setup]

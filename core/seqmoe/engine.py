@@ -18,7 +18,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from . import experts as experts_impl
-from .budget import WORKSPACE_BYTES, CacheGeometry, budget_for_free_memory, kv_cache_bytes
+from .budget import DEFAULT_CONTEXT_TOKENS, WORKSPACE_BYTES, CacheGeometry, budget_for_free_memory, kv_cache_bytes
 from .cache import ExpertCache
 from .errors import BudgetTooSmall, SeqMoEError
 from .events import EventBus, TokenGenerated
@@ -81,6 +81,8 @@ class GenerationResult:
     text: str
     prompt_tokens: int
     stats: GenerationStats
+    context_full: bool = False
+    """The reply stopped because prompt and reply filled the context, before its token limit."""
 
 
 class Engine:
@@ -90,13 +92,19 @@ class Engine:
         *,
         link_gbps: float = 25.0,
         link_latency_us: float = 10.0,
-        context_tokens: int = 4096,
+        context_tokens: int = DEFAULT_CONTEXT_TOKENS,
         predictor_path: Path | None = None,
     ) -> None:
         if not link_gbps > 0 or link_latency_us < 0:
             raise SeqMoEError(f"the emulated link needs a speed above 0 GB/s and a latency of at least 0 µs, "
                               f"not {link_gbps} GB/s and {link_latency_us} µs")
+        if context_tokens < 2:
+            raise SeqMoEError(f"a context holds at least a prompt token and a reply token, not {context_tokens} tokens")
         self.loaded = loaded
+        limit = loaded.context_limit
+        self.context_tokens = min(context_tokens, limit) if limit else context_tokens
+        """Prompt and reply together; the KV cache for them is set aside in a VRAM budget. Past
+        the model's own limit its positions mean nothing, so that caps it."""
         self.events = EventBus()
         self.link_gbps = link_gbps
         self.link_latency_s = link_latency_us * 1e-6
@@ -105,7 +113,7 @@ class Engine:
             total_experts=loaded.host.total_experts,
             bytes_per_expert=loaded.host.layout.bytes_per_expert,
             resident_bytes=loaded.resident_bytes,
-            kv_bytes=kv_cache_bytes(loaded.config, context_tokens, element),
+            kv_bytes=kv_cache_bytes(loaded.config, self.context_tokens, element),
             workspace_bytes=WORKSPACE_BYTES[loaded.device.type],
             top_k=loaded.top_k,
         )
@@ -299,6 +307,16 @@ class Engine:
             raise SeqMoEError(f"the chat template of {self.loaded.path.name} rejected the conversation: {error}") from None
         return list(ids)
 
+    def reply_room(self, prompt_ids: list[int]) -> int:
+        """How many tokens a reply to ``prompt_ids`` can have before the context is full."""
+        room = self.context_tokens - len(prompt_ids)
+        if room < 1:
+            why = ("the model's limit" if self.context_tokens == self.loaded.context_limit
+                   else "as set; a longer context sets aside more memory for its KV cache")
+            raise SeqMoEError(f"the prompt is {len(prompt_ids)} tokens, and the context holds "
+                              f"{self.context_tokens} ({why}): shorten it")
+        return room
+
     def generate(
         self,
         prompt_ids: list[int],
@@ -308,6 +326,7 @@ class Engine:
     ) -> GenerationResult:
         if not prompt_ids:
             raise SeqMoEError("the prompt is empty: there is nothing to continue")
+        room = self.reply_room(prompt_ids)
         if self.policy_name == "none":
             self.configure()
         before = self._counters()
@@ -323,7 +342,7 @@ class Engine:
             output = self.loaded.model.generate(
                 inputs,
                 attention_mask=torch.ones_like(inputs),
-                max_new_tokens=sampling.max_new_tokens,
+                max_new_tokens=min(sampling.max_new_tokens, room),
                 do_sample=not sampling.greedy,
                 temperature=None if sampling.greedy else sampling.temperature,
                 top_p=None if sampling.greedy else sampling.top_p,
@@ -360,7 +379,8 @@ class Engine:
             time_to_first_token=(streamer.first_token_at or seconds + start) - start,
         )
         text = tokenizer.decode(token_ids, skip_special_tokens=True)
-        return GenerationResult(token_ids=token_ids, text=text, prompt_tokens=len(prompt_ids), stats=stats)
+        context_full = len(token_ids) == room < sampling.max_new_tokens
+        return GenerationResult(token_ids, text, len(prompt_ids), stats, context_full)
 
     def close(self) -> None:
         self._teardown()

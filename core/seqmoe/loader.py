@@ -74,10 +74,20 @@ class LoadedModel:
         return self.model.config
 
     @property
+    def context_limit(self) -> int | None:
+        return context_limit(self.config)
+
+    @property
     def resident_bytes(self) -> int:
         expert_ids = {id(p) for module in self.experts for p in expert_parameters(module).values()}
         tensors = [p for p in self.model.parameters() if id(p) not in expert_ids] + list(self.model.buffers())
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def context_limit(config: PretrainedConfig) -> int | None:
+    """The most positions (prompt and reply) the model was built for, when its config says."""
+    value = getattr(config.get_text_config(), "max_position_embeddings", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def resolve(model: str) -> Path:

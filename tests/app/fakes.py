@@ -93,13 +93,14 @@ class FakeEngine:
             tokenizer=FakeTokenizer(),
             path=Path("/models") / name,
             architecture="FakeMoeForCausalLM",
-            config=SimpleNamespace(max_position_embeddings=4096),
             host=SimpleNamespace(num_layers=2, layout=SimpleNamespace(num_experts=12)),
+            context_limit=32768,
         )
         self.device = "cpu"
         self.link = "emulated"
         self.link_gbps = 25.0
         self.policy_name = "lru"
+        self.context_tokens = 4096
         self.horizon: int | None = None
         self.cache_slots = 11
         self.geometry = CacheGeometry(total_experts=24, bytes_per_expert=2**20, resident_bytes=2**24, kv_bytes=2**22,
@@ -126,6 +127,12 @@ class FakeEngine:
             self.cache_slots = self.geometry.slots_for_budget(int(vram_budget_gb * 2**30))
         else:
             self.cache_slots = self.geometry.slots_for_ratio(1.0 if cache_ratio is None else cache_ratio)
+
+    def reply_room(self, prompt_ids: list[int]) -> int:
+        room = self.context_tokens - len(prompt_ids)
+        if room < 1:
+            raise SeqMoEError(f"the prompt is {len(prompt_ids)} tokens, and the context holds {self.context_tokens}")
+        return room
 
     def encode_messages(self, messages: list[dict[str, str]]) -> list[int]:
         if not messages or messages[-1]["role"] != "user":

@@ -13,7 +13,7 @@ from seqmoe.resources import demo_model_dir
 
 from seqmoe_chat.budget_slider import GB, BudgetSlider, describe_budget
 from seqmoe_chat.engine_client import EngineClient
-from seqmoe_chat.engine_settings import EngineContext, engine_context, horizon_text
+from seqmoe_chat.engine_settings import EngineContext, context_text, engine_context, horizon_text
 from seqmoe_chat.panel.memory_monitor import GpuMemory, MemorySample
 from seqmoe_chat.settings_dialog import SettingsDialog
 from seqmoe_chat.store import EngineOptions, SamplingSettings, Settings
@@ -25,7 +25,7 @@ from .test_chat import send, wait_idle
 GEOMETRY = CacheGeometry(total_experts=64, bytes_per_expert=50 * 2**20, resident_bytes=2 * GB, kv_bytes=GB // 2,
                          workspace_bytes=GB // 2, top_k=2)
 MODEL = ModelInfo("test-moe", "/models/test-moe", "cuda:0", "TestMoe", "seqmoe", 20, 64, GEOMETRY, 4, 16,
-                  "cuda", 25.0, 4, max_horizon=4)
+                  "cuda", 25.0, 4, max_horizon=4, context_tokens=8192, context_limit=32768)
 
 
 def test_the_slider_shows_slots_ratio_speed_and_fit_live(qtbot) -> None:
@@ -87,6 +87,12 @@ def test_without_a_model_the_budget_can_still_be_set() -> None:
     assert "calibrate" in horizon_text(replace(MODEL, predictor_horizon=1, max_horizon=1))
 
 
+def test_the_context_note_says_when_the_model_limits_the_context() -> None:
+    capped = replace(MODEL, context_tokens=1024, context_limit=1024)
+    assert context_text(capped) == "test-moe now holds 1,024 tokens: the model's own limit; the VRAM budget includes their KV cache"
+    assert context_text(None) == "shown once a model is loaded"
+
+
 def test_expected_speed_from_measurements() -> None:
     assert expected_speed({}, 10) is None
     assert expected_speed({10: 5.0}, 30).tokens_per_s == 5.0
@@ -105,11 +111,13 @@ def test_the_dialog_applies_every_setting(qtbot) -> None:
     page.horizon.setValue(2)
     page.budget.enabled_box.setChecked(True)
     page.budget.spin.setValue(3.25)
+    assert page.context.value() == 4096 and page.context_note.text().startswith("test-moe now holds 8,192 tokens;")
+    page.context.setValue(16384)
     dialog.panel_hz.setValue(4)
     dialog.theme.setCurrentIndex(dialog.theme.findData("dark"))
     dialog.apply_to(settings)
     assert settings.engine == EngineOptions(device="cpu", policy="gate", cache_ratio=0.45, vram_budget_gb=3.25,
-                                            link_gbps=3.5, horizon=2)
+                                            link_gbps=3.5, horizon=2, context_tokens=16384)
     assert not page.horizon.isEnabled(), "only the seqmoe policy looks several layers ahead"
     page.policy.setCurrentIndex(page.policy.findData("seqmoe"))
     assert page.horizon.isEnabled()
@@ -140,6 +148,18 @@ def test_accepted_settings_reconfigure_the_loaded_model_and_are_saved(qtbot, win
     assert stored.engine.vram_budget_gb == window.settings.engine.vram_budget_gb is not None
     send(qtbot, window, "After the resize")
     wait_idle(qtbot, window)
+
+
+def test_a_new_context_waits_for_the_next_load_and_says_so(qtbot, window, backend, monkeypatch) -> None:
+    def accept(dialog: SettingsDialog) -> int:
+        dialog.engine.context.setValue(8192)
+        return 1
+
+    monkeypatch.setattr(SettingsDialog, "exec", accept)
+    window.open_settings()
+    assert window.status.currentMessage() == "The context applies when the model is next loaded."
+    assert window.context.settings_store.load().engine.context_tokens == 8192
+    assert len(backend.engines) == 1 and backend.engines[-1].context_tokens == 4096
 
 
 @pytest.fixture(scope="module")

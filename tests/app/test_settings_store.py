@@ -77,7 +77,8 @@ def test_unknown_and_wrong_values_keep_their_defaults(tmp_path: Path) -> None:
     path = tmp_path / SETTINGS_NAME
     path.write_text(json.dumps({
         "format": SETTINGS_FORMAT, "version": SCHEMA_VERSION, "theme": "purple", "from_a_later_version": 1,
-        "panel_hz": 500, "engine": {"policy": "magic", "vram_budget_gb": -1, "link_gbps": "fast", "cache_ratio": 0.3},
+        "panel_hz": 500, "engine": {"policy": "magic", "vram_budget_gb": -1, "link_gbps": "fast", "cache_ratio": 0.3,
+                   "context_tokens": 10},
     }))
     settings = SettingsStore(path).load()
     assert settings.theme == "system" and settings.panel_hz == Settings().panel_hz

@@ -96,3 +96,21 @@ def test_a_long_conversation_is_trimmed_to_the_models_context(worker: EngineWork
     worker.generate(2, [{"role": "system", "content": "Be brief."}, *history], SamplingSettings(max_new_tokens=500, seed=3))
     ((_, result),) = recorder.of("sig_reply_finished")
     assert result.stats["prompt_tokens"] + result.stats["tokens"] <= 256
+
+
+def test_the_context_in_the_settings_trims_the_conversation_and_refuses_one_message_past_it(
+    worker: EngineWorker, tiny_model: Path
+) -> None:
+    recorder = Recorder(worker)
+    worker.load(1, str(tiny_model), EngineOptions(context_tokens=96))
+    ((_, info),) = recorder.of("sig_model_loaded")
+    assert info.context_tokens == 96 and info.context_limit == 256
+    history = []
+    for turn in range(4):
+        history += [{"role": "user", "content": f"question {turn} " * 4}, {"role": "assistant", "content": "answer " * 4}]
+    worker.generate(2, [*history, {"role": "user", "content": "And finally?"}], SamplingSettings(max_new_tokens=500, seed=3))
+    ((_, result),) = recorder.of("sig_reply_finished")
+    assert 0 < result.stats["prompt_tokens"] and result.stats["prompt_tokens"] + result.stats["tokens"] <= 96
+    worker.generate(3, [{"role": "user", "content": "word " * 200}], GREEDY)
+    ((request, reason, _partial),) = recorder.of("sig_reply_failed")
+    assert request == 3 and "the context holds 96 (as set" in reason

@@ -66,6 +66,7 @@ def test_bench_reports_every_policy_and_ratio_with_identical_tokens(
         (["--cache-ratios", "1.5"], "above 0 and at most 1"),
         (["--prompts", "{missing}"], "cannot read the prompts file"),
         (["--prompts", "{empty}"], "holds no prompts"),
+        (["--prompts", "{long}"], "prompt 2: the prompt is"),
     ],
 )
 def test_bench_refuses_bad_flags_in_one_line(
@@ -73,7 +74,9 @@ def test_bench_refuses_bad_flags_in_one_line(
 ) -> None:
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n", encoding="utf-8")
-    flags = [f.format(missing=tmp_path / "missing.txt", empty=empty) for f in flags]
+    long = tmp_path / "long.txt"
+    long.write_text("Hi\n" + "a" * 300 + "\n", encoding="utf-8")  # past the tiny model's 256 positions
+    flags = [f.format(missing=tmp_path / "missing.txt", empty=empty, long=long) for f in flags]
     status = main(["bench", "--model", str(mixtral_dir), "--device", "cpu", *flags])
     err = capsys.readouterr().err
     assert status == 2 and message in err and "Traceback" not in err

@@ -182,6 +182,8 @@ def test_vram_budget_below_resident_weights(capsys: pytest.CaptureFixture[str], 
     (("--link-gbps", "0"), "speed above 0 GB/s"),
     (("--link-latency-us", "-5"), "latency of at least 0"),
     (("--prompt", ""), "prompt is empty"),
+    (("--prompt", "a" * 300), "the context holds 256 (the model's limit)"),
+    (("--prompt", "a" * 20, "--context", "16"), "the context holds 16 (as set"),
 ])
 def test_generation_settings_out_of_range_are_refused(
     capsys: pytest.CaptureFixture[str], mixtral_dir: Path, flags: tuple[str, ...], words: str
@@ -197,12 +199,38 @@ def test_generation_settings_out_of_range_are_refused(
     ["eval-predictor", "--text", "t.txt", "--horizon", "0"],
     ["trace", "--text", "t.txt", "--out", "t", "--max-tokens", "0"],
     ["trace", "--text", "t.txt", "--out", "t", "--continuation", "-1"],
+    ["generate", "--prompt", "hi", "--context", "1"],
 ])
 def test_counts_below_their_least_are_refused_by_name(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(argv)
     flag = argv[-2]
     assert exited.value.code == 2 and f"argument {flag}: a" in capsys.readouterr().err
+
+
+def test_a_reply_stops_where_the_context_is_full_with_the_same_tokens(
+    capsys: pytest.CaptureFixture[str], mixtral_dir: Path
+) -> None:
+    status, out, _ = run_cli(capsys, "--model", str(mixtral_dir), "--max-new-tokens", "12", "--json")
+    assert status == 0
+    free = json.loads(out)
+    context = free["prompt_tokens"] + 5
+    status, out, _ = run_cli(capsys, "--model", str(mixtral_dir), "--max-new-tokens", "12", "--json", "--context", str(context))
+    assert status == 0
+    cut = json.loads(out)
+    assert len(free["token_ids"]) == 12 and not free["context_full"]
+    assert cut["token_ids"] == free["token_ids"][:5] and cut["context_full"]
+    status, _, err = run_cli(capsys, "--model", str(mixtral_dir), "--max-new-tokens", "12", "--context", str(context))
+    assert status == 0 and f"stopped where the {context}-token context was full" in err
+
+
+def test_the_context_is_capped_at_the_model_limit_and_sizes_the_kv_reserve(mixtral_dir: Path) -> None:
+    from seqmoe import Engine
+
+    loaded = load_model(str(mixtral_dir), device="cpu")
+    wide, narrow = Engine(loaded, context_tokens=10**6), Engine(loaded, context_tokens=64)
+    assert wide.context_tokens == loaded.context_limit == 256 and narrow.context_tokens == 64
+    assert wide.geometry.kv_bytes == 4 * narrow.geometry.kv_bytes > 0
 
 
 def test_temperature_zero_is_greedy(capsys: pytest.CaptureFixture[str], mixtral_dir: Path) -> None:

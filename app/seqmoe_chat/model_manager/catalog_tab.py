@@ -29,9 +29,9 @@ class CatalogView:
     rows: list[tuple[CatalogEntry, Fit]]
 
 
-def catalog_view(budget_bytes: int | None) -> CatalogView:
+def catalog_view(budget_bytes: int | None, context_tokens: int) -> CatalogView:
     """The catalog with each entry's fit (imports PyTorch: off the GUI thread)."""
-    device = probe_device(budget_bytes)
+    device = probe_device(budget_bytes, context_tokens)
     return CatalogView(device, [(entry, fit(entry.shape, device)) for entry in load_catalog()])
 
 
@@ -70,8 +70,8 @@ class CatalogTab(QWidget):
         layout.addWidget(QLabel("Another model from the hub:"))
         layout.addWidget(self.hub)
 
-    def load(self, budget_bytes: int | None) -> None:
-        run_in_background(lambda: catalog_view(budget_bytes), self.show_view, self._on_failed, self)
+    def load(self, budget_bytes: int | None, context_tokens: int) -> None:
+        run_in_background(lambda: catalog_view(budget_bytes, context_tokens), self.show_view, self._on_failed, self)
 
     def show_view(self, view: CatalogView) -> None:
         self.view = view

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QTabWid
 
 from ..models.download_queue import DownloadEntry
 from ..models.hub_errors import HubRefusal
+from ..store import EngineOptions
 from .catalog_tab import CatalogTab
 from .downloads_tab import DownloadsTab
 from .library_tab import LibraryTab
@@ -20,13 +21,13 @@ from .manager import ModelManager
 class ModelsDialog(QDialog):
     sig_load_requested = Signal(str)
 
-    def __init__(self, manager: ModelManager, budget_bytes: Callable[[], int | None] = lambda: None,
+    def __init__(self, manager: ModelManager, engine_options: Callable[[], EngineOptions] = EngineOptions,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.resize(1100, 640)
         self.manager = manager
-        self.budget_bytes = budget_bytes
+        self.engine_options = engine_options
         self.catalog = CatalogTab()
         self.library = LibraryTab(manager)
         self.downloads = DownloadsTab(manager)
@@ -60,8 +61,10 @@ class ModelsDialog(QDialog):
         manager.sig_download_finished.connect(self._offer_calibration)
 
     def open_tab(self, index: int = 0) -> None:
-        """Show the window (the catalog's fits follow the current VRAM budget)."""
-        self.catalog.load(self.budget_bytes())
+        """Show the window (the catalog's fits follow the current VRAM budget and context)."""
+        options = self.engine_options()
+        budget = int(options.vram_budget_gb * 2**30) if options.vram_budget_gb else None
+        self.catalog.load(budget, options.context_tokens)
         self.tabs.setCurrentIndex(index)
         self.show()
         self.raise_()

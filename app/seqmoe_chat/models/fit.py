@@ -20,14 +20,16 @@ class DeviceMemory:
     name: str
     vram_bytes: int  # the budget fits are judged for
     ram_bytes: int
+    context_tokens: int  # the context fits are judged for (its KV cache is part of a budget)
     budget_set: bool = False  # the budget is the one chosen in the settings
 
     def describe(self) -> str:
         budget = " (the VRAM budget in Settings)" if self.budget_set else ""
+        context = f", a context of {self.context_tokens:,} tokens"
         if self.kind == "cuda":
-            return f"{self.name}: {gib(self.vram_bytes)} of VRAM{budget}, {gib(self.ram_bytes)} of RAM"
+            return f"{self.name}: {gib(self.vram_bytes)} of VRAM{budget}, {gib(self.ram_bytes)} of RAM{context}"
         return (f"No CUDA GPU: fits are shown for an emulated {gib(self.vram_bytes)} GPU{budget}; "
-                f"{gib(self.ram_bytes)} of RAM")
+                f"{gib(self.ram_bytes)} of RAM{context}")
 
 
 @dataclass(frozen=True)
@@ -37,9 +39,9 @@ class Fit:
     cached_fraction: float  # of all routed experts, in VRAM
 
 
-def probe_device(budget_bytes: int | None = None) -> DeviceMemory:
+def probe_device(budget_bytes: int | None, context_tokens: int) -> DeviceMemory:
     """The VRAM budget chosen in the settings, else the CUDA device's memory
-    (``torch.cuda.mem_get_info``), else the emulated GPU's; and the RAM."""
+    (``torch.cuda.mem_get_info``), else the emulated GPU's; the RAM; and the context in the settings."""
     import psutil
 
     import_engine()
@@ -48,8 +50,10 @@ def probe_device(budget_bytes: int | None = None) -> DeviceMemory:
     ram = psutil.virtual_memory().total
     if torch.cuda.is_available():
         _free, total = torch.cuda.mem_get_info()
-        return DeviceMemory("cuda", torch.cuda.get_device_name(), budget_bytes or total, ram, budget_bytes is not None)
-    return DeviceMemory("emulated", "emulated GPU", budget_bytes or EMULATED_VRAM_BYTES, ram, budget_bytes is not None)
+        return DeviceMemory("cuda", torch.cuda.get_device_name(), budget_bytes or total, ram, context_tokens,
+                            budget_bytes is not None)
+    return DeviceMemory("emulated", "emulated GPU", budget_bytes or EMULATED_VRAM_BYTES, ram, context_tokens,
+                        budget_bytes is not None)
 
 
 def fit(shape: ModelShape, device: DeviceMemory) -> Fit:
@@ -63,7 +67,7 @@ def fit(shape: ModelShape, device: DeviceMemory) -> Fit:
         total_experts=shape.total_experts,
         bytes_per_expert=shape.bytes_per_expert,
         resident_bytes=shape.resident_bytes,
-        kv_bytes=shape.kv_bytes,
+        kv_bytes=shape.kv_bytes(device.context_tokens),
         # An emulated GPU stands for a real one, so it pays a CUDA workspace too.
         workspace_bytes=WORKSPACE_BYTES["cuda"],
         top_k=shape.top_k,

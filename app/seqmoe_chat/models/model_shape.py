@@ -12,10 +12,6 @@ if TYPE_CHECKING:
     from torch import nn
     from transformers import PretrainedConfig
 
-KV_CONTEXT_TOKENS = 4096
-"""The KV-cache reserve the engine makes in a VRAM budget (README: ``--vram-budget``)."""
-
-
 @dataclass(frozen=True)
 class ModelShape:
     parameters_total: int
@@ -24,7 +20,12 @@ class ModelShape:
     top_k: int
     bytes_per_expert: int  # as the engine holds an expert (a quantized checkpoint is dequantized on load)
     dtype_bytes: int
-    kv_bytes: int
+    kv_bytes_per_token: int
+    context_limit: int | None  # the model's own, when its config says
+
+    def kv_bytes(self, context_tokens: int) -> int:
+        """The KV-cache reserve the engine makes in a VRAM budget for a context of ``context_tokens``."""
+        return self.kv_bytes_per_token * min(context_tokens, self.context_limit or context_tokens)
 
     @property
     def total_experts(self) -> int:
@@ -50,19 +51,22 @@ class ModelShape:
         return self.parameters_total - unused
 
 
-def kv_bytes_of(config: PretrainedConfig, dtype_bytes: int) -> int:
+def kv_bytes_per_token(config: PretrainedConfig, dtype_bytes: int) -> int:
     import_engine()
     from seqmoe.budget import kv_cache_bytes
 
-    return kv_cache_bytes(config, KV_CONTEXT_TOKENS, dtype_bytes)
+    return kv_cache_bytes(config, 1, dtype_bytes)
+
 
 
 def shape_of_catalog_entry(entry: dict[str, Any]) -> ModelShape:
     """From a catalog entry: its figures, and the attention fields of its config for the KV reserve."""
     import_engine()
+    from seqmoe.loader import context_limit
     from transformers import PretrainedConfig
 
     dtype_bytes = int(entry["dtype_bytes"])
+    config = PretrainedConfig(**entry["config"])
     return ModelShape(
         parameters_total=int(entry["parameters_total"]),
         moe_layers=int(entry["moe_layers"]),
@@ -70,14 +74,15 @@ def shape_of_catalog_entry(entry: dict[str, Any]) -> ModelShape:
         top_k=int(entry["top_k"]),
         bytes_per_expert=int(entry["bytes_per_expert"]),
         dtype_bytes=dtype_bytes,
-        kv_bytes=kv_bytes_of(PretrainedConfig(**entry["config"]), dtype_bytes),
+        kv_bytes_per_token=kv_bytes_per_token(config, dtype_bytes),
+        context_limit=context_limit(config),
     )
 
 
 def shape_of_skeleton(config: PretrainedConfig, skeleton: nn.Module) -> ModelShape:
     """From the meta-device model that ``seqmoe.loader.check_supported`` returns."""
     import_engine()
-    from seqmoe.loader import find_experts, top_k_of
+    from seqmoe.loader import context_limit, find_experts, top_k_of
     from seqmoe.store import expert_parameters
 
     experts = find_experts(skeleton)
@@ -90,5 +95,6 @@ def shape_of_skeleton(config: PretrainedConfig, skeleton: nn.Module) -> ModelSha
         top_k=top_k_of(config),
         bytes_per_expert=sum(t[0].numel() * t.element_size() for t in tensors),
         dtype_bytes=dtype_bytes,
-        kv_bytes=kv_bytes_of(config, dtype_bytes),
+        kv_bytes_per_token=kv_bytes_per_token(config, dtype_bytes),
+        context_limit=context_limit(config),
     )

@@ -31,6 +31,8 @@ DEVICES = ("auto", "cuda", "cpu")
 POLICIES = ("seqmoe", "gate", "lru", "full")
 RECENT_MODELS = 8
 DEFAULT_LINK_GBPS = 25.0  # the engine's own default for the emulated link
+DEFAULT_CONTEXT_TOKENS = 4096  # the engine's own default (seqmoe.budget)
+MIN_CONTEXT_TOKENS = 256
 PANEL_HZ = (1, 10)  # the live panel refreshes at most 10 times a second
 # Measured with tools/measure_panel.py: at 10 a second the panel cost the GUI thread about 6% of a
 # core, at 5 about 4%.
@@ -47,6 +49,7 @@ class EngineOptions:
     vram_budget_gb: float | None = None  # when set, the cache is sized by this budget instead of the ratio
     link_gbps: float = DEFAULT_LINK_GBPS  # the emulated link's speed (machines without a CUDA GPU)
     horizon: int | None = None  # MoE layers the seqmoe policy forecasts ahead; None: as far as its predictor sees
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS  # prompt and reply; the VRAM budget sets aside their KV cache
 
     def cache_size(self, device_budget_gb: float | None = None) -> dict[str, float]:
         """The keyword that sizes the cache in ``Engine.configure`` and ``Engine.resize``.
@@ -82,6 +85,9 @@ class EngineOptions:
             options.link_gbps = defaults.link_gbps
         if options.horizon is not None and not (isinstance(options.horizon, int) and options.horizon >= 1):
             options.horizon = defaults.horizon
+        if not (isinstance(options.context_tokens, int) and not isinstance(options.context_tokens, bool)
+                and options.context_tokens >= MIN_CONTEXT_TOKENS):
+            options.context_tokens = defaults.context_tokens
         return options
 
 

@@ -24,7 +24,7 @@ from seqmoe_chat.models.model_folders import target_dir
 from .conftest import TINY
 
 GIB = 2**30
-RTX_4090 = DeviceMemory("cuda", "Test GPU", 24 * GIB, 64 * GIB)
+RTX_4090 = DeviceMemory("cuda", "Test GPU", 24 * GIB, 64 * GIB, 4096)
 # Prints progress as `seqmoe calibrate` does (tqdm lines on stderr), then its last line.
 FAKE_CALIBRATE = (
     "import sys, time\n"
@@ -36,7 +36,7 @@ FAKE_CALIBRATE = (
 
 @pytest.fixture
 def window(qtbot, data_dir: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(catalog_tab, "probe_device", lambda budget: RTX_4090)
+    monkeypatch.setattr(catalog_tab, "probe_device", lambda budget, context: RTX_4090)
 
     def make(**manager_options) -> ModelsDialog:
         downloads = DownloadRunner(data_dir, policy=RetryPolicy(backoff_s=(0.1,)))
@@ -59,7 +59,7 @@ def test_the_catalog_lists_every_model_with_what_fits_this_computer(qtbot, windo
     assert labels["Mixtral 8x7B Instruct v0.1"].startswith("too large for this RAM (needs 87.0 GiB")
     # It ships its own code (auto_map) for an architecture transformers has built in: it runs without that code.
     assert labels["DeepSeek-V2-Lite Chat"] == "runs with SeqMoE at 74% cached"
-    assert dialog.catalog.device_line.text() == "Test GPU: 24.0 GiB of VRAM, 64.0 GiB of RAM"
+    assert dialog.catalog.device_line.text() == "Test GPU: 24.0 GiB of VRAM, 64.0 GiB of RAM, a context of 4,096 tokens"
     gpt_oss = next(r for r in range(10) if dialog.catalog.table.item(r, 0).text() == "gpt-oss-20b")
     per_expert = dialog.catalog.table.item(gpt_oss, COLUMNS.index("Per expert"))
     assert per_expert.text() == "49.8 MB" and "13.2 MB as MXFP4 on disk" in per_expert.toolTip()
@@ -140,7 +140,7 @@ def test_calibration_shows_progress_and_its_result(qtbot, window, data_dir: Path
 def test_a_library_that_could_not_be_listed_says_so_in_a_tab_opened_later(
     qtbot, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(catalog_tab, "probe_device", lambda budget: RTX_4090)
+    monkeypatch.setattr(catalog_tab, "probe_device", lambda budget, context: RTX_4090)
     manager = ModelManager(data_dir, downloads=DownloadRunner(data_dir))
     listing = manager.library.items
     problems = [OSError("Permission denied: 'models'")]
