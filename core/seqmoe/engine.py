@@ -297,15 +297,25 @@ class Engine:
 
     def encode_messages(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of a conversation (``role``/``content`` dicts) through the model's chat template,
-        ending with the prompt for the assistant's next turn."""
+        ending with the prompt for the assistant's next turn. A template without a system role
+        (Gemma 2's, the first Mixtral's) gets the system prompt at the head of the first user
+        turn, where those models take their instructions."""
         tokenizer = self.loaded.tokenizer
         if not tokenizer.chat_template:
             raise SeqMoEError(f"{self.loaded.path.name} has no chat template; use a plain prompt")
-        try:
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        except Exception as error:  # templates raise their own errors, e.g. on an unsupported role
-            raise SeqMoEError(f"the chat template of {self.loaded.path.name} rejected the conversation: {error}") from None
-        return list(ids)
+        attempts = [messages]
+        folded = _system_in_first_user_turn(messages)
+        if folded is not None:
+            attempts.append(folded)
+        refusal: Exception | None = None
+        for attempt in attempts:
+            try:
+                ids = tokenizer.apply_chat_template(attempt, add_generation_prompt=True, tokenize=True, return_dict=False)
+            except Exception as error:  # templates raise their own errors, e.g. on an unsupported role
+                refusal = error  # the last: what still stops the conversation once the system prompt is folded
+                continue
+            return list(ids)
+        raise SeqMoEError(f"the chat template of {self.loaded.path.name} rejected the conversation: {refusal}")
 
     def reply_room(self, prompt_ids: list[int]) -> int:
         """How many tokens a reply to ``prompt_ids`` can have before the context is full."""
@@ -418,6 +428,14 @@ class Engine:
         self.policy_name = "none"
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _system_in_first_user_turn(messages: list[dict[str, str]]) -> list[dict[str, str]] | None:
+    """The conversation with its leading system message joined to the first user turn, if it has both."""
+    if len(messages) < 2 or messages[0]["role"] != "system" or messages[1]["role"] != "user":
+        return None
+    first = {"role": "user", "content": f"{messages[0]['content']}\n\n{messages[1]['content']}"}
+    return [first, *messages[2:]]
 
 
 class _Streamer(BaseStreamer):

@@ -1,0 +1,62 @@
+"""Conversations through a model's chat template: a template without a system role, and the
+template's own refusals, which reach the user in one line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from seqmoe import Engine, SeqMoEError, load_model
+
+from .conftest import CHAT_TEMPLATE
+
+NO_SYSTEM = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+ALTERNATING = (
+    "{% for m in messages %}{% if loop.index0 > 0 and m['role'] == messages[loop.index0 - 1]['role'] %}"
+    "{{ raise_exception('Conversation roles must alternate') }}{% endif %}{% endfor %}"
+)
+SYSTEM = {"role": "system", "content": "Be brief."}
+
+
+@pytest.fixture(scope="module")
+def engine(mixtral_dir: Path) -> Iterator[Engine]:
+    made = Engine(load_model(str(mixtral_dir), device="cpu"))
+    yield made
+    made.close()
+
+
+def ids_with(engine: Engine, template: str | None, messages: list[dict[str, str]]) -> list[int]:
+    tokenizer = engine.loaded.tokenizer
+    shipped = tokenizer.chat_template
+    tokenizer.chat_template = template
+    try:
+        return engine.encode_messages(messages)
+    finally:
+        tokenizer.chat_template = shipped
+
+
+def turn(role: str, content: str) -> dict[str, str]:
+    return {"role": role, "content": content}
+
+
+def test_without_a_system_role_the_system_prompt_heads_the_first_user_turn(engine: Engine) -> None:
+    talk = [turn("user", "Hi"), turn("assistant", "Hello"), turn("user", "Why?")]
+    folded = ids_with(engine, NO_SYSTEM + CHAT_TEMPLATE, [SYSTEM, *talk])
+    assert folded == ids_with(engine, CHAT_TEMPLATE, [turn("user", "Be brief.\n\nHi"), *talk[1:]])
+    # A template that has the role keeps the system message as it is.
+    assert ids_with(engine, CHAT_TEMPLATE, [SYSTEM, *talk]) != folded
+
+
+def test_the_templates_own_refusal_is_the_message(engine: Engine) -> None:
+    with pytest.raises(SeqMoEError, match="rejected the conversation: Conversation roles must alternate"):
+        ids_with(engine, ALTERNATING + CHAT_TEMPLATE, [turn("user", "Hi"), turn("user", "Again")])
+    # Folding the system prompt in does not mend this one: the refusal still names what is wrong.
+    with pytest.raises(SeqMoEError, match="Conversation roles must alternate"):
+        ids_with(engine, NO_SYSTEM + ALTERNATING + CHAT_TEMPLATE, [SYSTEM, turn("user", "Hi"), turn("user", "Again")])
+
+
+def test_a_model_without_a_chat_template_asks_for_a_plain_prompt(engine: Engine) -> None:
+    with pytest.raises(SeqMoEError, match="has no chat template; use a plain prompt"):
+        ids_with(engine, None, [turn("user", "Hi")])
