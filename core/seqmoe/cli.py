@@ -14,7 +14,7 @@ from .budget import DEFAULT_CONTEXT_TOKENS
 from .errors import SeqMoEError
 from .policies import POLICY_NAMES
 from .predictor.calibration import CALIBRATION_TOKENS
-from .simulate import HARDWARE, SHAPES, SIMULATED_POLICIES
+from .simulate import HARDWARE, SHAPES, SIMULATED_POLICIES, Router
 from .resources import demo_model_dir
 from .user_files import check_output, read_text
 
@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--cache-ratios", default="0.2,0.3,0.45,0.6,0.8")
     simulate.add_argument("--predictor", type=Path,
                           help="predictor file for the seqmoe policy (default: the calibrated or bundled one for the traced model)")
+    simulate.add_argument("--model", help="the traced model's folder or hub id, whose routers the gate policy applies "
+                                          "(default: the bundled demo model)")
     simulate.add_argument("--json", action="store_true")
 
     calibrate = commands.add_parser("calibrate", help="trace the calibration text and train this model's predictor")
@@ -298,14 +300,28 @@ def read_prompts(path: Path) -> list[str]:
     return prompts
 
 
+def traced_routers(model: str | None, identity: dict[str, object]) -> list[Router]:
+    """The routers of the model the traces were recorded with (only its weights are read)."""
+    from .loader import find_routers, load_model
+    from .trace import model_identity
+
+    loaded = load_model(model or str(demo_model_dir()), device="cpu")
+    if model_identity(loaded) != identity:
+        raise SeqMoEError(f"the traces are of {identity.get('name')}, not of {loaded.path.name}: "
+                          "give the traced model with --model")
+    return [router.logits for router in find_routers(loaded)]
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     from .predictor.calibration import find_predictor_for
     from .predictor.model import load_predictor
     from .simulate import copy_bound, simulate
     from .trace import read_traces
 
-    if args.profile not in HARDWARE or args.shape not in SHAPES:
-        raise SeqMoEError(f"unknown profile or shape; profiles: {', '.join(HARDWARE)}; shapes: {', '.join(SHAPES)}")
+    if args.profile not in HARDWARE:
+        raise SeqMoEError(f"unknown profile {args.profile!r}; profiles: {', '.join(HARDWARE)}")
+    if args.shape not in SHAPES:
+        raise SeqMoEError(f"unknown shape {args.shape!r}; shapes: {', '.join(SHAPES)}")
     ratios = cache_ratios(args.cache_ratios)
     traces = read_traces(args.traces)
     policies = [p for p in args.policies.split(",") if p]
@@ -315,11 +331,13 @@ def run_simulate(args: argparse.Namespace) -> int:
         if path is None:
             raise SeqMoEError("no predictor for the traced model: give --predictor FILE or run `seqmoe calibrate` first")
         predictor = load_predictor(path, traces.manifest["model"])
+    routers = traced_routers(args.model, traces.manifest["model"]) if "gate" in policies else None
     if not 0 < args.compute_efficiency <= 1:
         raise SeqMoEError("--compute-efficiency is a share of the memory bandwidth: above 0, at most 1")
     hardware, shape = HARDWARE[args.profile].at_efficiency(args.compute_efficiency), SHAPES[args.shape]
     try:
-        rows = [simulate(traces, policy, ratio, hardware, shape, predictor).as_dict() for ratio in ratios for policy in policies]
+        rows = [simulate(traces, policy, ratio, hardware, shape, predictor, routers).as_dict()
+                for ratio in ratios for policy in policies]
     except ValueError as error:
         raise SeqMoEError(str(error)) from None
     bounds = [copy_bound(traces, ratio, hardware, shape) for ratio in ratios]

@@ -20,7 +20,7 @@ import torch
 from .bound import Access, CopyBound, fewest_copies
 from .cache import ExpertCache
 from .events import EventBus
-from .policies import ORACLE_NEXT, ORACLES, LRUPolicy, OraclePolicy, Policy, SeqMoEPolicy
+from .policies import ORACLE_NEXT, ORACLES, GatePolicy, LRUPolicy, OraclePolicy, Policy, SeqMoEPolicy
 from .predictor.model import ExpertPredictor
 from .store import ExpertLayout
 from .trace import Traces, document_runs
@@ -75,7 +75,9 @@ SHAPES = {
 }
 
 
-SIMULATED_POLICIES = ("lru", "seqmoe", *ORACLES)
+SIMULATED_POLICIES = ("lru", "gate", "seqmoe", *ORACLES)
+Router = Callable[[torch.Tensor], torch.Tensor]
+"""A router's linear map (``loader.Router.logits``): what ``gate`` forecasts with, from the traced model."""
 
 
 class VirtualClock:
@@ -260,16 +262,18 @@ def simulate(
     hardware: Hardware,
     shape: ModelShape,
     predictor: ExpertPredictor | None = None,
+    routers: list[Router] | None = None,
 ) -> SimulationResult:
     """Replay each document of ``traces``, its prefill chunks then its decode tokens, through the
-    cache, as the engine would run them; decode figures are reported."""
+    cache, as the engine would run them; decode figures are reported. ``seqmoe`` needs the
+    ``predictor``, ``gate`` the traced model's ``routers``."""
     layers, experts = traces.experts.shape[1], traces.probs.shape[-1]
     host = _NoWeights(layers, experts)
     slots = cache_slots(traces, cache_ratio)
     clock = VirtualClock()
     copier = SimulatedCopier(clock, hardware.copy_seconds(shape), shape.expert_bytes)
     steps = replay_steps(traces, slots)
-    policy = _policy(policy_name, traces, steps, predictor)
+    policy = _policy(policy_name, traces, steps, predictor, routers)
     cache = ExpertCache(host, slots, torch.device("cpu"), copier, policy, EventBus(), clock=clock)
     layer_seconds = hardware.layer_seconds(shape)
     decode_seconds = prefill_seconds = prefill_full_seconds = 0.0
@@ -334,10 +338,16 @@ def copy_bound(traces: Traces, cache_ratio: float, hardware: Hardware, shape: Mo
     return CopyBound.of(cache_ratio, copies, tokens, traces.experts.shape[1], copy_layers)
 
 
-def _policy(name: str, traces: Traces, steps: list[Step], predictor: ExpertPredictor | None) -> Policy:
+def _policy(
+    name: str, traces: Traces, steps: list[Step], predictor: ExpertPredictor | None, routers: list[Router] | None
+) -> Policy:
     layers, experts = traces.experts.shape[1], traces.probs.shape[-1]
     if name == "lru":
         return LRUPolicy(experts)
+    if name == "gate":
+        if routers is None:
+            raise ValueError("the gate policy needs the traced model's routers")
+        return GatePolicy(routers, experts, traces.experts.shape[2])
     if name in ORACLES:
         lookahead = layers if name == ORACLE_NEXT else None
         return OraclePolicy([(s.layer, frozenset(s.experts)) for s in steps], layers, experts, lookahead=lookahead)

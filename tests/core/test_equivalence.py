@@ -115,7 +115,10 @@ def test_predictive_policies_give_the_reference_tokens(tiny_models: dict[str, Pa
                 result = engine.generate(PROMPT, greedy)
                 assert result.token_ids == expected, f"{family} {policy} at cache ratio {ratio:.2f}"
                 if ratio == 0.5:
-                    assert result.stats.prefetch_issued > 0, policy
+                    # Prefetching ran, unless decode found everything resident: prefill streams on
+                    # the emulated link, so what it leaves behind depends on timing.
+                    stats = result.stats
+                    assert stats.prefetch_issued > 0 or stats.decode_misses == 0, policy
     finally:
         engine.close()
 
