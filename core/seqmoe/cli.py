@@ -301,7 +301,7 @@ def read_prompts(path: Path) -> list[str]:
 
 
 def traced_routers(model: str | None, identity: dict[str, object]) -> list[Router]:
-    """The routers of the model the traces were recorded with (only its weights are read)."""
+    """The routers of the model the traces were recorded with (loaded, never run)."""
     from .loader import find_routers, load_model
     from .trace import model_identity
 

@@ -390,7 +390,8 @@ class Engine:
         )
         text = tokenizer.decode(token_ids, skip_special_tokens=True)
         context_full = len(token_ids) == room < sampling.max_new_tokens
-        return GenerationResult(token_ids, text, len(prompt_ids), stats, context_full)
+        return GenerationResult(token_ids=token_ids, text=text, prompt_tokens=len(prompt_ids), stats=stats,
+                                context_full=context_full)
 
     def close(self) -> None:
         self._teardown()

@@ -58,7 +58,6 @@ def kv_bytes_per_token(config: PretrainedConfig, dtype_bytes: int) -> int:
     return kv_cache_bytes(config, 1, dtype_bytes)
 
 
-
 def shape_of_catalog_entry(entry: dict[str, Any]) -> ModelShape:
     """From a catalog entry: its figures, and the attention fields of its config for the KV reserve."""
     import_engine()
