@@ -244,9 +244,9 @@ class EngineWorker(QObject):
                 self.sig_reply_streamed.emit(request_id, stream.text(), stream.count)
 
         try:
-            prompt, max_new_tokens = _fit_context(engine, messages, sampling.max_new_tokens)
+            prompt = _fit_context(engine, messages, sampling.max_new_tokens)
             result = engine.generate(
-                prompt, _engine_sampling(sampling, max_new_tokens), on_token=on_token,
+                prompt, _engine_sampling(sampling), on_token=on_token,
                 should_stop=lambda: self._cancelled(request_id),
             )
         except Exception as error:  # a failed reply must leave the worker ready for the next
@@ -288,12 +288,12 @@ def _is_engine_error(error: BaseException) -> bool:
     return isinstance(error, SeqMoEError)
 
 
-def _engine_sampling(settings: SamplingSettings, max_new_tokens: int):
+def _engine_sampling(settings: SamplingSettings):
     from seqmoe import Sampling
 
     greedy = settings.temperature <= 0
     return Sampling(
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=settings.max_new_tokens,
         greedy=greedy,
         temperature=1.0 if greedy else settings.temperature,
         top_p=settings.top_p,
@@ -301,9 +301,10 @@ def _engine_sampling(settings: SamplingSettings, max_new_tokens: int):
     )
 
 
-def _fit_context(engine: Engine, messages: Messages, max_new_tokens: int) -> tuple[list[int], int]:
-    """The prompt ids and the reply length that fit the engine's context: the oldest turns
-    after the system prompt are left out until the prompt and some reply fit."""
+def _fit_context(engine: Engine, messages: Messages, max_new_tokens: int) -> list[int]:
+    """The prompt ids that leave room in the engine's context for some reply: the oldest turns
+    after the system prompt are left out until the prompt and some reply fit. The engine stops
+    a longer reply where the context is full, and says so."""
     limit = engine.context_tokens
     ids = engine.encode_messages(messages)
     reply_room = min(max_new_tokens, limit // 4)
@@ -314,4 +315,5 @@ def _fit_context(engine: Engine, messages: Messages, max_new_tokens: int) -> tup
         while len(kept) - first > 1 and kept[first]["role"] != "user":
             del kept[first]
         ids = engine.encode_messages(kept)
-    return ids, min(max_new_tokens, engine.reply_room(ids))
+    engine.reply_room(ids)  # refuses a prompt that alone fills the context
+    return ids

@@ -176,14 +176,13 @@ def run_generate(args: argparse.Namespace) -> int:
             "text": result.text,
             "token_ids": result.token_ids,
             "prompt_tokens": result.prompt_tokens,
-            "context_full": result.context_full,
             "stats": result.stats.as_dict(),
         }
         print(json.dumps(payload))
     else:
         print(flush=True)
         print(result.stats.summary(), file=sys.stderr)
-        if result.context_full:
+        if result.stats.context_full:
             print(f"the reply stopped where the {engine.context_tokens}-token context was full", file=sys.stderr)
     return 0
 

@@ -81,8 +81,6 @@ class GenerationResult:
     text: str
     prompt_tokens: int
     stats: GenerationStats
-    context_full: bool = False
-    """The reply stopped because prompt and reply filled the context, before its token limit."""
 
 
 class Engine:
@@ -387,11 +385,10 @@ class Engine:
             link=self.link,
             prompt_tokens=len(prompt_ids),
             time_to_first_token=(streamer.first_token_at or seconds + start) - start,
+            context_full=len(token_ids) == room < sampling.max_new_tokens,
         )
         text = tokenizer.decode(token_ids, skip_special_tokens=True)
-        context_full = len(token_ids) == room < sampling.max_new_tokens
-        return GenerationResult(token_ids=token_ids, text=text, prompt_tokens=len(prompt_ids), stats=stats,
-                                context_full=context_full)
+        return GenerationResult(token_ids=token_ids, text=text, prompt_tokens=len(prompt_ids), stats=stats)
 
     def close(self) -> None:
         self._teardown()

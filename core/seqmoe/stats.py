@@ -32,6 +32,8 @@ class GenerationStats:
     decode_stall_seconds: float = 0.0
     prefetch_issued: int = 0
     prefetch_unused: int = 0
+    context_full: bool = False
+    """The reply stopped because prompt and reply filled the context, before its token limit."""
 
     @property
     def tokens_per_s(self) -> float:

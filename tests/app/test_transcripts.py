@@ -45,6 +45,13 @@ def test_markdown_shows_the_visible_thread_with_prompt_and_stats(store: Conversa
     assert "42 tokens · 31.2 tok/s · first token 0.21 s · hit rate 96.9% · stalls 0.03 s" in text
 
 
+def test_a_reply_cut_by_a_full_context_says_so_in_its_line() -> None:
+    from seqmoe_chat.transcripts.reply_stats import stats_line
+
+    assert stats_line({**STATS, "context_full": True}).endswith("stalls 0.03 s · stopped where the context was full")
+    assert "context" not in stats_line({**STATS, "context_full": False})
+
+
 def test_html_is_self_contained_escaped_and_highlights_code(store: ConversationStore, conversation_id: int) -> None:
     html = render(load_transcripts(store, [conversation_id]), "html")
     assert html.startswith("<!DOCTYPE html>") and "<style>" in html and "@media print" in html

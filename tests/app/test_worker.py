@@ -110,7 +110,8 @@ def test_the_context_in_the_settings_trims_the_conversation_and_refuses_one_mess
         history += [{"role": "user", "content": f"question {turn} " * 4}, {"role": "assistant", "content": "answer " * 4}]
     worker.generate(2, [*history, {"role": "user", "content": "And finally?"}], SamplingSettings(max_new_tokens=500, seed=3))
     ((_, result),) = recorder.of("sig_reply_finished")
-    assert 0 < result.stats["prompt_tokens"] and result.stats["prompt_tokens"] + result.stats["tokens"] <= 96
+    used = result.stats["prompt_tokens"] + result.stats["tokens"]
+    assert 0 < result.stats["prompt_tokens"] and used <= 96 and result.stats["context_full"] == (used == 96)
     worker.generate(3, [{"role": "user", "content": "word " * 200}], GREEDY)
     ((request, reason, _partial),) = recorder.of("sig_reply_failed")
     assert request == 3 and "the context holds 96 (as set" in reason

@@ -218,8 +218,8 @@ def test_a_reply_stops_where_the_context_is_full_with_the_same_tokens(
     status, out, _ = run_cli(capsys, "--model", str(mixtral_dir), "--max-new-tokens", "12", "--json", "--context", str(context))
     assert status == 0
     cut = json.loads(out)
-    assert len(free["token_ids"]) == 12 and not free["context_full"]
-    assert cut["token_ids"] == free["token_ids"][:5] and cut["context_full"]
+    assert len(free["token_ids"]) == 12 and not free["stats"]["context_full"]
+    assert cut["token_ids"] == free["token_ids"][:5] and cut["stats"]["context_full"]
     status, _, err = run_cli(capsys, "--model", str(mixtral_dir), "--max-new-tokens", "12", "--context", str(context))
     assert status == 0 and f"stopped where the {context}-token context was full" in err
 

@@ -6,7 +6,8 @@ from typing import Any
 
 
 def stats_line(stats: dict[str, Any]) -> str:
-    """E.g. "42 tokens · 31.2 tok/s · first token 0.21 s · hit rate 96.9% · stalls 0.03 s"."""
+    """E.g. "42 tokens · 31.2 tok/s · first token 0.21 s · hit rate 96.9% · stalls 0.03 s", and
+    why the reply ended early when the context was full."""
     if not stats:
         return ""
     parts = [f"{stats.get('tokens', 0)} tokens"]
@@ -18,4 +19,6 @@ def stats_line(stats: dict[str, Any]) -> str:
         parts.append(f"hit rate {stats['hit_rate']:.1%}")
     if "stall_seconds" in stats:
         parts.append(f"stalls {stats['stall_seconds']:.2f} s")
+    if stats.get("context_full"):
+        parts.append("stopped where the context was full")
     return " · ".join(parts)
