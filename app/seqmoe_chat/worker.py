@@ -315,5 +315,12 @@ def _fit_context(engine: Engine, messages: Messages, max_new_tokens: int) -> lis
         while len(kept) - first > 1 and kept[first]["role"] != "user":
             del kept[first]
         ids = engine.encode_messages(kept)
-    engine.reply_room(ids)  # refuses a prompt that alone fills the context
+    from seqmoe import SeqMoEError
+
+    try:
+        engine.reply_room(ids)  # refuses a prompt that alone fills the context
+    except SeqMoEError as error:
+        if engine.context_tokens == engine.loaded.context_limit:
+            raise
+        raise SeqMoEError(f"{error}, or set a longer context in Settings ▸ Engine") from None
     return ids

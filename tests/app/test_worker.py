@@ -114,4 +114,4 @@ def test_the_context_in_the_settings_trims_the_conversation_and_refuses_one_mess
     assert 0 < result.stats["prompt_tokens"] and used <= 96 and result.stats["context_full"] == (used == 96)
     worker.generate(3, [{"role": "user", "content": "word " * 200}], GREEDY)
     ((request, reason, _partial),) = recorder.of("sig_reply_failed")
-    assert request == 3 and "the context holds 96 (as set" in reason
+    assert request == 3 and "the context holds 96 (as set" in reason and reason.endswith("in Settings ▸ Engine")
