@@ -22,9 +22,9 @@ POLICY_NAMES = {
     "lru": "lru: load on demand, evict the least recently used",
     "full": "full: every expert in VRAM (the reference speed)",
 }
+DEVICE_NAMES = {"auto": "automatic (CUDA when present)", "cuda": "CUDA GPU", "cpu": "CPU (emulated link)"}
 MAX_CONTEXT_TOKENS = 2**20
 """The spin box's end; beyond a model's own limit the engine holds that limit."""
-DEVICE_NAMES = {"auto": "automatic (CUDA when present)", "cuda": "CUDA GPU", "cpu": "CPU (emulated link)"}
 
 
 @dataclass(frozen=True)
