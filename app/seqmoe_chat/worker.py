@@ -320,7 +320,7 @@ def _fit_context(engine: Engine, messages: Messages, max_new_tokens: int) -> lis
     try:
         engine.reply_room(ids)  # refuses a prompt that alone fills the context
     except SeqMoEError as error:
-        if engine.context_tokens == engine.loaded.context_limit:
+        if engine.context_at_model_limit:
             raise
         raise SeqMoEError(f"{error}, or set a longer context in Settings ▸ Engine") from None
     return ids

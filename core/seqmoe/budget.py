@@ -25,6 +25,12 @@ FREE_MEMORY_MARGIN = 0.1
 CUDA context's growth and fragmentation beyond ``WORKSPACE_BYTES``."""
 
 
+def context_held(requested: int, limit: int | None) -> int:
+    """The context the engine holds for ``requested`` tokens: past the model's own ``limit`` (when
+    its config gives one) its positions mean nothing."""
+    return min(requested, limit) if limit else requested
+
+
 def budget_for_free_memory(held_bytes: int, free_bytes: int) -> int:
     """A budget sized to the device: what this process holds on it and most of its free memory."""
     return held_bytes + int((1 - FREE_MEMORY_MARGIN) * free_bytes)

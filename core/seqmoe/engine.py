@@ -18,7 +18,14 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from . import experts as experts_impl
-from .budget import DEFAULT_CONTEXT_TOKENS, WORKSPACE_BYTES, CacheGeometry, budget_for_free_memory, kv_cache_bytes
+from .budget import (
+    DEFAULT_CONTEXT_TOKENS,
+    WORKSPACE_BYTES,
+    CacheGeometry,
+    budget_for_free_memory,
+    context_held,
+    kv_cache_bytes,
+)
 from .cache import ExpertCache
 from .errors import BudgetTooSmall, SeqMoEError
 from .events import EventBus, TokenGenerated
@@ -99,10 +106,8 @@ class Engine:
         if context_tokens < 2:
             raise SeqMoEError(f"a context holds at least a prompt token and a reply token, not {context_tokens} tokens")
         self.loaded = loaded
-        limit = loaded.context_limit
-        self.context_tokens = min(context_tokens, limit) if limit else context_tokens
-        """Prompt and reply together; the KV cache for them is set aside in a VRAM budget. Past
-        the model's own limit its positions mean nothing, so that caps it."""
+        self.context_tokens = context_held(context_tokens, loaded.context_limit)
+        """Prompt and reply together; the KV cache for them is set aside in a VRAM budget."""
         self.events = EventBus()
         self.link_gbps = link_gbps
         self.link_latency_s = link_latency_us * 1e-6
@@ -315,11 +320,16 @@ class Engine:
             return list(ids)
         raise SeqMoEError(f"the chat template of {self.loaded.path.name} rejected the conversation: {refusal}")
 
+    @property
+    def context_at_model_limit(self) -> bool:
+        """Whether the model's own limit, not the context asked for, sets the context."""
+        return self.context_tokens == self.loaded.context_limit
+
     def reply_room(self, prompt_ids: list[int]) -> int:
         """How many tokens a reply to ``prompt_ids`` can have before the context is full."""
         room = self.context_tokens - len(prompt_ids)
         if room < 1:
-            why = ("the model's limit" if self.context_tokens == self.loaded.context_limit
+            why = ("the model's limit" if self.context_at_model_limit
                    else "as set; a longer context sets aside more memory for its KV cache")
             raise SeqMoEError(f"the prompt is {len(prompt_ids)} tokens, and the context holds "
                               f"{self.context_tokens} ({why}): shorten it")

@@ -101,6 +101,7 @@ class FakeEngine:
         self.link_gbps = 25.0
         self.policy_name = "lru"
         self.context_tokens = 4096
+        self.context_at_model_limit = False
         self.horizon: int | None = None
         self.cache_slots = 11
         self.geometry = CacheGeometry(total_experts=24, bytes_per_expert=2**20, resident_bytes=2**24, kv_bytes=2**22,

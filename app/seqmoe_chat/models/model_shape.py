@@ -25,7 +25,10 @@ class ModelShape:
 
     def kv_bytes(self, context_tokens: int) -> int:
         """The KV-cache reserve the engine makes in a VRAM budget for a context of ``context_tokens``."""
-        return self.kv_bytes_per_token * min(context_tokens, self.context_limit or context_tokens)
+        import_engine()
+        from seqmoe.budget import context_held
+
+        return self.kv_bytes_per_token * context_held(context_tokens, self.context_limit)
 
     @property
     def total_experts(self) -> int:
