@@ -72,7 +72,7 @@ class CacheGeometry:
                 f"{asked} leaves {slots} expert slots, below this model's minimum of {need} "
                 f"(top-k {self.top_k} + 1): it needs a cache ratio of at least "
                 f"{math.ceil(need / self.total_experts * 100) / 100:.2f} or a VRAM budget of at least "
-                f"{math.ceil(self.budget_bytes_for(need) / 2**30 * 100) / 100:.2f} GB"
+                f"{math.ceil(self.budget_bytes_for(need) / 2**30 * 100) / 100:.2f} GiB"
             )
         return slots
 
