@@ -195,9 +195,12 @@ class ExpertCache:
     def _settle_queued(self) -> None:
         """Forget prefetches that have arrived (reporting them), so only copies on their way count as queued."""
         for key, job in list(self._queued.items()):
-            if job.state is not JobState.QUEUED:
+            # Asked before the state is read: the link may start and finish a copy between two
+            # looks, and a copy that is done has displaced its victim.
+            arrived = self.copier.done(job)
+            if arrived or job.state is not JobState.QUEUED:
                 self._displacement_done(key)
-            if self.copier.done(job):
+            if arrived:
                 del self._queued[key]
                 if self.events.active:
                     self.events.emit(PrefetchCompleted(key))

@@ -13,7 +13,7 @@ from seqmoe.events import EventBus, ExpertEvicted, LayerRouted
 from seqmoe.policies import BeladyPolicy, Forecast, GatePolicy, OraclePolicy, Policy, SeqMoEPolicy
 from seqmoe.simulate import SimulatedCopier, VirtualClock
 from seqmoe.store import HostStore
-from seqmoe.transfer import EmulatedCopier
+from seqmoe.transfer import CopyJob, EmulatedCopier, JobState, take_queued
 
 from .test_cache import FakeExperts
 
@@ -103,10 +103,12 @@ def make_cache(size: int, policy: Policy, gbps: float = 50.0) -> ExpertCache:
     return ExpertCache(fake_host(), size=size, device=torch.device("cpu"), copier=copier, policy=policy, events=EventBus())
 
 
-def virtual_cache(size: int, policy: Policy, clock: VirtualClock, seconds_per_copy: float) -> ExpertCache:
+def virtual_cache(
+    size: int, policy: Policy, clock: VirtualClock, seconds_per_copy: float, link: type[SimulatedCopier] = SimulatedCopier
+) -> ExpertCache:
     """A cache on the simulator's link: copies take ``seconds_per_copy`` of ``clock``'s time."""
     host = fake_host()
-    copier = SimulatedCopier(clock, seconds_per_copy, host.layout.bytes_per_expert)
+    copier = link(clock, seconds_per_copy, host.layout.bytes_per_expert)
     return ExpertCache(host, size, torch.device("cpu"), copier, policy, EventBus(), clock=clock)
 
 
@@ -390,12 +392,12 @@ def test_prefill_chooses_a_streamed_experts_victim_again_once_the_layer_before_i
     assert cache.phases["decode"].misses == 1
 
 
-def queued_prefetch_cache() -> tuple[ExpertCache, VirtualClock, list[object]]:
+def queued_prefetch_cache(link: type[SimulatedCopier] = SimulatedCopier) -> tuple[ExpertCache, VirtualClock, list[object]]:
     """A full cache of three layer-0 experts, then two prefetches of layer 1 on a link busy
     with the first: the first copy has started, the second is queued."""
     clock = VirtualClock()
     policy = belady()
-    cache = virtual_cache(3, policy, clock, seconds_per_copy=4.0)
+    cache = virtual_cache(3, policy, clock, seconds_per_copy=4.0, link=link)
     for expert in (0, 1, 2):
         cache.release(cache.acquire(0, [expert], prefill=False))
         clock.now += 8.0  # the layer computes: the link is busy half the time
@@ -440,6 +442,27 @@ def test_a_layer_gets_back_an_expert_whose_displacing_prefetch_has_not_started()
     assert cache.copier.bytes_copied == copied and cache.phases["decode"].misses == 3
     assert weights_of(cache, victim) == victim[1] and (1, 1) not in cache.pool.slot_of
     assert cache.prefetches.cancelled == 1
+    cache.release(slots)
+
+
+class LinkAheadCopier(SimulatedCopier):
+    """A link that has moved on by the time it is asked: a queued copy starts and lands between
+    the cache's look at its state and its question whether it is done, as the emulated link's
+    thread or a CUDA stream may do."""
+
+    def done(self, job: CopyJob) -> bool:
+        if job.state is JobState.QUEUED and take_queued(self._queue, job) is not None:
+            self._start(job, self.clock.now)
+            self.clock.now = self._running[job]
+        return super().done(job)
+
+
+def test_a_queued_prefetch_that_lands_between_two_looks_still_evicts_its_victim() -> None:
+    cache, _clock, events = queued_prefetch_cache(LinkAheadCopier)
+    (victim,) = {(0, 0), (0, 1), (0, 2)} - set(cache.pool.slot_of) - evicted_keys(events)
+    slots = cache.acquire(0, [victim[1]], prefill=False)  # the queued copy over it lands meanwhile
+    assert victim in evicted_keys(events) and (1, 1) in cache.pool.slot_of
+    assert weights_of(cache, victim) == victim[1] and cache.phases["decode"].misses == 4
     cache.release(slots)
 
 
