@@ -15,6 +15,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import pytest  # noqa: E402
 
 from .fakes import FakeBackend  # noqa: E402
+from .waits import model_shown  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +49,7 @@ def make_window(qtbot, backend, data_dir: Path):
         qtbot.waitUntil(window.isActiveWindow)
         window.start()
         if wait_for_model:
-            qtbot.waitUntil(lambda: context.client.model is not None, timeout=10_000)
+            qtbot.waitUntil(lambda: model_shown(window), timeout=10_000)
         return window
 
     return make

@@ -15,6 +15,7 @@ from seqmoe_chat.store import SamplingSettings
 from seqmoe_chat.store.records import ASSISTANT, DONE, FAILED, STOPPED, USER
 
 from .fakes import reply_for
+from .waits import model_shown
 
 
 def send(qtbot, window, text: str) -> None:
@@ -200,7 +201,7 @@ def test_a_model_that_fails_to_load_gets_a_dialog_and_the_app_stays_usable(qtbot
     assert stored(window)[1][2] == FAILED and "No model is loaded" in stored(window)[1][1] + window.store.thread(
         window.session.conversation_id)[1].message.error
     window.load_model("")
-    qtbot.waitUntil(lambda: window.client.model is not None, timeout=5000)
+    qtbot.waitUntil(lambda: model_shown(window), timeout=5000)
     send(qtbot, window, "Now?")
     wait_idle(qtbot, window)
     assert stored(window)[-1][2] == DONE
@@ -218,10 +219,23 @@ def test_loading_shows_progress_and_can_be_cancelled(qtbot, make_window, backend
     assert backend.engines == []
 
 
+def test_a_long_loading_stage_is_elided_and_does_not_widen_the_window(qtbot, make_window, backend) -> None:
+    backend.load_delay_s = 0.3
+    window = make_window(wait_for_model=False)
+    bar = window.model_bar
+    qtbot.waitUntil(lambda: bar.stage.text() == "Finding the model", timeout=5000)  # room to show it whole
+    short = window.minimumSizeHint().width()
+    stage = "Keeping the experts of every one of the model's forty-eight MoE layers in host memory"
+    bar.show_loading(stage, 0.7)
+    window.resize(short + 80, window.height())  # room for a few words of it
+    qtbot.waitUntil(lambda: bar.stage.text().endswith("…"), timeout=5000)
+    assert window.minimumSizeHint().width() == short and bar.stage.toolTip() == stage
+
+
 def test_sending_after_unloading_loads_the_model_again(qtbot, window, backend) -> None:
     qtbot.mouseClick(window.model_bar.unload_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: window.client.model is None and backend.engines[0].closed, timeout=5000)
-    assert window.status.model.text() == "No model loaded"
+    qtbot.waitUntil(lambda: window.status.model.text() == "No model loaded", timeout=5000)
+    assert window.client.model is None and backend.engines[0].closed
     send(qtbot, window, "Wake up")
     wait_idle(qtbot, window)
     assert stored(window)[-1][2] == DONE and len(backend.engines) == 2

@@ -33,6 +33,7 @@ from seqmoe_chat.store.records import DONE
 from seqmoe_chat.worker import model_info
 
 from .test_chat import send, stored, wait_idle
+from .waits import model_shown
 
 PROMPT = "Tell me about the mountains you like to hike."
 
@@ -307,7 +308,7 @@ def test_the_panel_costs_little_while_the_demo_model_generates(qtbot, data_dir: 
     qtbot.addWidget(window)
     window.show()
     window.start()
-    qtbot.waitUntil(lambda: context.client.model is not None, timeout=120_000)
+    qtbot.waitUntil(lambda: model_shown(window), timeout=120_000)
     started = time.perf_counter()
     send(qtbot, window, "Hello! What do you like to do on weekends?")
     qtbot.waitUntil(lambda: not window.session.busy, timeout=120_000)

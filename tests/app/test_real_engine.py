@@ -16,6 +16,7 @@ from seqmoe_chat.self_test import run_self_test
 from seqmoe_chat.store.records import DONE
 
 from .test_chat import send, stored
+from .waits import model_shown
 
 STALL_LIMIT_MS = 250  # the target is 50 ms; this machine is shared, so only gross stalls fail
 
@@ -26,7 +27,7 @@ def test_the_window_chats_with_the_real_engine(qtbot, tiny_model: Path, data_dir
     qtbot.addWidget(window)
     window.show()
     window.start()
-    qtbot.waitUntil(lambda: context.client.model is not None, timeout=60_000)
+    qtbot.waitUntil(lambda: model_shown(window), timeout=60_000)
     assert window.status.model.text() == "tiny-qwen3-moe" and window.status.device.text() == "cpu"
     for text in ("Hello!", "And a second question?"):
         send(qtbot, window, text)

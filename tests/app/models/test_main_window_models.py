@@ -9,6 +9,7 @@ from pathlib import Path
 
 from seqmoe_chat.models.model_folders import SOURCE_FILE, target_dir
 
+from ..waits import model_shown
 from .conftest import TINY
 
 
@@ -29,8 +30,7 @@ def test_the_library_joins_the_model_selector_and_loads_from_the_models_window(
     qtbot.waitUntil(lambda: any(i.model.path == folder for i in library.items), timeout=30_000)
     library.select(str(folder))
     library.buttons["Load"].click()
-    qtbot.waitUntil(lambda: window.client.model is not None and window.client.model.path.endswith(folder.name),
-                    timeout=10_000)
+    qtbot.waitUntil(lambda: model_shown(window) and window.client.model.path.endswith(folder.name), timeout=10_000)
     assert window.settings.model == str(folder)
     window.action_models.trigger()  # the menu opens the same window again
     assert window._models_dialog is dialog and dialog.isVisible()
