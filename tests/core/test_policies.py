@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
+from functools import partial
 
 import pytest
 import torch
@@ -104,7 +106,8 @@ def make_cache(size: int, policy: Policy, gbps: float = 50.0) -> ExpertCache:
 
 
 def virtual_cache(
-    size: int, policy: Policy, clock: VirtualClock, seconds_per_copy: float, link: type[SimulatedCopier] = SimulatedCopier
+    size: int, policy: Policy, clock: VirtualClock, seconds_per_copy: float,
+    link: Callable[[VirtualClock, float, int], SimulatedCopier] = SimulatedCopier,
 ) -> ExpertCache:
     """A cache on the simulator's link: copies take ``seconds_per_copy`` of ``clock``'s time."""
     host = fake_host()
@@ -179,8 +182,58 @@ def test_no_expert_in_use_is_ever_evicted_under_random_forecasts(size: int) -> N
     streaming every few tokens: every acquired slot holds the right weights for as long as its
     layer runs, whatever the prefetches and streamed copies do."""
     rng = random.Random(size)
-    policy = SeqMoEPolicy(lambda h, l, r: torch.rand(3, EXPERTS), LAYERS, torch.full((LAYERS, EXPERTS), 0.3), 0.0)
+    policy = random_forecasts(seed=size)
     cache = make_cache(size, policy, gbps=0.05)
+    run_random_chat(cache, policy, rng, pause=lambda: time.sleep(rng.random() * 0.002))
+    # With two slots both are pinned by the running layer: there is never room to prefetch.
+    assert (cache.prefetches.issued > 0) == (size > 2)
+    cache.copier.close()
+
+
+class JitteryLink(SimulatedCopier):
+    """A link on the virtual clock that may have moved on whenever it is asked anything: copies
+    start and land between any two of the cache's looks, as a link thread or a CUDA stream's may."""
+
+    def __init__(self, clock: VirtualClock, seconds_per_copy: float, expert_bytes: int, rng: random.Random) -> None:
+        super().__init__(clock, seconds_per_copy, expert_bytes)
+        self.rng = rng
+
+    def _settle(self) -> None:
+        self.clock.now += self.rng.choice((0.0, 0.0, 0.0, 0.2, 0.6, 1.5)) * self.copy_seconds
+        super()._settle()
+
+
+@pytest.mark.parametrize("size", range(4, 11))
+def test_the_cache_keeps_its_books_whenever_the_link_moves_on(size: int) -> None:
+    """The random chat of the test above on a link that jumps ahead at every question: no
+    interleaving of copies and looks crashes the cache, loses an expert's weights, or leaves a
+    victim waiting for a prefetch that has gone. (From four slots up, re-plans find queued
+    prefetches to cancel; with three, the one slot left over goes straight onto an idle link.)"""
+    rng = random.Random(size)
+    policy = random_forecasts(seed=size)
+    clock = VirtualClock()
+    cache = virtual_cache(size, policy, clock, seconds_per_copy=3.0, link=partial(JitteryLink, rng=random.Random(size)))
+    run_random_chat(cache, policy, rng, pause=lambda: setattr(clock, "now", clock.now + rng.random()))
+    assert cache.prefetches.issued > 0 and cache.prefetches.cancelled > 0
+    cache.end_of_generation()
+    clock.now += 100.0  # every copy on its way lands
+    cache.release(cache.acquire(0, [0, 1], prefill=False))
+    # The books behind "a cancelled prefetch gives its slot back": nothing is left queued, so
+    # no expert may still count as displaced by a queued prefetch.
+    assert not cache._queued and not cache._displaced_by and not cache._displaced
+
+
+def random_forecasts(seed: int) -> SeqMoEPolicy:
+    """Forecasts of three layers ahead, each expert's probability drawn at random."""
+    generator = torch.Generator().manual_seed(seed)
+    return SeqMoEPolicy(lambda h, l, r: torch.rand(3, EXPERTS, generator=generator), LAYERS,
+                        torch.full((LAYERS, EXPERTS), 0.3), 0.0)
+
+
+def run_random_chat(cache: ExpertCache, policy: SeqMoEPolicy, rng: random.Random, pause) -> None:
+    """160 layers of random routing, a prefill pass streaming every fifth token; after each layer,
+    ``pause`` (the layer's compute), then its slots must hold its experts and the slot table agree."""
+    size = cache.size
     for step in range(160):
         layer = step % LAYERS
         prefill = step // LAYERS % 5 == 4
@@ -194,15 +247,12 @@ def test_no_expert_in_use_is_ever_evicted_under_random_forecasts(size: int) -> N
                 cache.stream(layer + 1, policy.stream_order(layer + 1))
         else:
             cache.plan(policy.forecast(layer, torch.zeros(1), torch.tensor(experts)))
-        time.sleep(rng.random() * 0.002)
+        pause()
         values = [cache.pool.tensors["down_proj"][s][0, 0].item() for s in slots]
         assert values == [100.0 * layer + e for e in experts], f"cache of {size}, step {step}"
         owners = [key for key in cache.pool.owner if key is not None]
         assert len(set(owners)) == len(owners) and all(cache.pool.owner[s] == k for k, s in cache.pool.slot_of.items())
         cache.release(slots)
-    # With two slots both are pinned by the running layer: there is never room to prefetch.
-    assert (cache.prefetches.issued > 0) == (size > 2)
-    cache.copier.close()
 
 
 class _Clock:
@@ -392,7 +442,7 @@ def test_prefill_chooses_a_streamed_experts_victim_again_once_the_layer_before_i
     assert cache.phases["decode"].misses == 1
 
 
-def queued_prefetch_cache(link: type[SimulatedCopier] = SimulatedCopier) -> tuple[ExpertCache, VirtualClock, list[object]]:
+def queued_prefetch_cache(link: Callable[[VirtualClock, float, int], SimulatedCopier] = SimulatedCopier) -> tuple[ExpertCache, VirtualClock, list[object]]:
     """A full cache of three layer-0 experts, then two prefetches of layer 1 on a link busy
     with the first: the first copy has started, the second is queued."""
     clock = VirtualClock()
