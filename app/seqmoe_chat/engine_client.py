@@ -78,6 +78,9 @@ class EngineClient(QObject):
 
     def unload(self) -> None:
         self.cancel_load()
+        # Gone for every request sent from now on, as load() does: a reply asked for before the
+        # worker confirms must load the model again, not find it missing.
+        self.model = None
         self.sig_unload_requested.emit()
 
     def shut_down(self) -> bool:

@@ -346,6 +346,8 @@ class MainWindow(QMainWindow):
             self.status.showMessage("Loading cancelled.", STATUS_MESSAGE_MS)
 
     def _on_model_unloaded(self) -> None:
+        if self.client.busy_loading:  # a load asked for since (a message sent at once) is on its way
+            return
         self.model_bar.show_unloaded()
         self.status.show_model(None)
 

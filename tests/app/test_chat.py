@@ -232,6 +232,17 @@ def test_a_long_loading_stage_is_elided_and_does_not_widen_the_window(qtbot, mak
     assert window.minimumSizeHint().width() == short and bar.stage.toolTip() == stage
 
 
+def test_sending_right_after_unload_is_clicked_loads_the_model_again(qtbot, window, backend) -> None:
+    backend.load_delay_s = 0.2
+    qtbot.mouseClick(window.model_bar.unload_button, Qt.MouseButton.LeftButton)
+    send(qtbot, window, "Wake up")  # before the worker has said that the model is gone
+    qtbot.waitUntil(lambda: backend.engines[0].closed, timeout=5000)
+    qtbot.wait(50)  # the worker's word that it unloaded has arrived; the new load's first stage has not
+    assert window.model_bar.progress.isVisible() and window.status.model.text() == "Loading the model…"
+    wait_idle(qtbot, window)
+    assert stored(window)[-1][2] == DONE and len(backend.engines) == 2
+
+
 def test_sending_after_unloading_loads_the_model_again(qtbot, window, backend) -> None:
     qtbot.mouseClick(window.model_bar.unload_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: window.status.model.text() == "No model loaded", timeout=5000)
