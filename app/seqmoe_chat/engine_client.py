@@ -51,7 +51,7 @@ class EngineClient(QObject):
 
     def load(self, model: str, options: EngineOptions) -> int:
         if self.loading_id is not None:
-            self.worker.cancel(self.loading_id)
+            self.worker.cancel_through(self.loading_id)
         self.model = None
         self.loading_id = next(self._ids)
         self.sig_load_requested.emit(self.loading_id, model, options)
@@ -59,7 +59,7 @@ class EngineClient(QObject):
 
     def cancel_load(self) -> None:
         if self.loading_id is not None:
-            self.worker.cancel(self.loading_id)
+            self.worker.cancel_through(self.loading_id)
 
     def generate(self, messages: Messages, sampling: SamplingSettings) -> int:
         request_id = next(self._ids)
@@ -87,7 +87,7 @@ class EngineClient(QObject):
         """Stop what runs, release the model and end the thread; False if it did not end in time."""
         if not self._thread.isRunning():
             return True
-        self.worker.cancel(next(self._ids))
+        self.worker.cancel_through(next(self._ids))
         self.sig_shut_down_requested.emit()
         return self._thread.wait(SHUT_DOWN_WAIT_MS)
 

@@ -137,8 +137,9 @@ class EngineWorker(QObject):
         self._open = opener
         self._engine: Engine | None = None
         self._info: ModelInfo | None = None
-        # Written by the GUI thread, read here; an int assignment is atomic.
+        # Written by the GUI thread, read here: an int assignment and a set's add are atomic.
         self._cancelled_through = 0
+        self._cancelled_ids: set[int] = set()
         # Event listeners follow the engine across loads; the lock is held only to swap the
         # engine or a listener, never while the engine works.
         self._lock = threading.Lock()
@@ -159,11 +160,17 @@ class EngineWorker(QObject):
                 self._engine.events.unsubscribe(listener)
 
     def cancel(self, request_id: int) -> None:
-        """Cancel ``request_id`` and every earlier request. Safe to call from any thread."""
+        """Cancel ``request_id`` alone (a reply stopped: a load it waits for goes on). Safe to
+        call from any thread."""
+        self._cancelled_ids.add(request_id)
+
+    def cancel_through(self, request_id: int) -> None:
+        """Cancel ``request_id`` and every earlier request (a load given up, the app closing).
+        Safe to call from any thread."""
         self._cancelled_through = max(self._cancelled_through, request_id)
 
     def _cancelled(self, request_id: int) -> bool:
-        return request_id <= self._cancelled_through
+        return request_id <= self._cancelled_through or request_id in self._cancelled_ids
 
     @Slot(int, str, object)
     def load(self, request_id: int, model: str, options: EngineOptions) -> None:

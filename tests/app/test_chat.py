@@ -219,6 +219,18 @@ def test_loading_shows_progress_and_can_be_cancelled(qtbot, make_window, backend
     assert backend.engines == []
 
 
+def test_stopping_a_reply_that_waits_for_the_model_does_not_cancel_the_loading(qtbot, make_window, backend) -> None:
+    backend.load_delay_s = 0.2
+    window = make_window(wait_for_model=False)
+    send(qtbot, window, "Hello while you load")
+    window.action_stop.trigger()
+    qtbot.waitUntil(lambda: model_shown(window), timeout=5000)
+    assert stored(window)[-1][2] == STOPPED and "cancelled" not in window.status.currentMessage()
+    send(qtbot, window, "Now?")
+    wait_idle(qtbot, window)
+    assert stored(window)[-1][2] == DONE and len(backend.engines) == 1
+
+
 def test_a_long_loading_stage_is_elided_and_does_not_widen_the_window(qtbot, make_window, backend) -> None:
     backend.load_delay_s = 0.3
     window = make_window(wait_for_model=False)

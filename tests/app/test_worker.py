@@ -58,7 +58,10 @@ def test_stop_takes_effect_within_one_token(worker: EngineWorker, tiny_model: Pa
     ((_, result),) = recorder.of("sig_reply_finished")
     # Cancelled while the first token was handed out: at most the token being computed follows.
     assert result.stopped and result.stats["tokens"] <= 2
-    worker.generate(1, [{"role": "user", "content": "Cancelled before it started"}], GREEDY)
+    worker.cancel(3)
+    worker.generate(3, [{"role": "user", "content": "Stopped before it started"}], GREEDY)
+    worker.cancel_through(5)  # the app closing: every request so far
+    worker.generate(4, [{"role": "user", "content": "Given up with the rest"}], GREEDY)
     assert len(recorder.of("sig_reply_finished")) == 1 and not recorder.of("sig_reply_failed")
 
 
