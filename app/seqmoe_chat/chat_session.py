@@ -22,6 +22,7 @@ from .store.records import ASSISTANT, DONE, FAILED, STOPPED, STREAMING, USER
 from .worker import ReplyResult
 
 SAVE_INTERVAL_S = 0.5
+NO_MODEL = "No model is loaded; load one from the toolbar."
 TITLE_CHARS = 48
 
 
@@ -30,6 +31,8 @@ class _Reply:
     request_id: int
     message_id: int
     conversation_id: int
+    prompt: list[dict[str, str]]
+    sampling: SamplingSettings
     text: str = ""
     saved_at: float = 0.0
 
@@ -56,6 +59,7 @@ class ChatSession(QObject):
         worker.sig_reply_streamed.connect(self._on_streamed)
         worker.sig_reply_finished.connect(self._on_finished)
         worker.sig_reply_failed.connect(self._on_failed)
+        worker.sig_reply_needs_model.connect(self._on_needs_model)
 
     @property
     def busy(self) -> bool:
@@ -139,7 +143,7 @@ class ChatSession(QObject):
         if self.client.model is None and not self.client.busy_loading:
             self.sig_model_needed.emit()
         request_id = self.client.generate(prompt, conversation.sampling)
-        self._active = _Reply(request_id, reply.id, conversation_id, saved_at=time.monotonic())
+        self._active = _Reply(request_id, reply.id, conversation_id, prompt, conversation.sampling, saved_at=time.monotonic())
         self.stall_monitor.start()
         self.sig_busy_changed.emit(True)
         return reply
@@ -173,6 +177,18 @@ class ChatSession(QObject):
         reply = self._active
         if reply is not None and reply.request_id == request_id:
             self._finish(reply, state=FAILED, content=text or reply.text, error=reason)
+
+    @Slot(int)
+    def _on_needs_model(self, request_id: int) -> None:
+        reply = self._active
+        if reply is None or reply.request_id != request_id:
+            return
+        if self.client.busy_loading:
+            # The load it waited for gave way to another (the user chose a model meanwhile): it
+            # waits for that one, queued behind it.
+            reply.request_id = self.client.generate(reply.prompt, reply.sampling)
+            return
+        self._finish(reply, state=FAILED, content=reply.text, error=NO_MODEL)
 
     def _finish(self, reply: _Reply, *, state: str, content: str, error: str = "", stats: dict | None = None,
                 model_id: str | None = None) -> None:

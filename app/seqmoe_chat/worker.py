@@ -129,6 +129,7 @@ class EngineWorker(QObject):
     sig_reply_streamed = Signal(int, str, int)  # request id, text so far, tokens so far
     sig_reply_finished = Signal(int, object)  # request id, ReplyResult
     sig_reply_failed = Signal(int, str, str)  # request id, reason, text so far
+    sig_reply_needs_model = Signal(int)  # request id: its turn came with no model loaded
     sig_model_reconfigured = Signal(int, object)  # request id, ModelInfo
     sig_reconfigure_failed = Signal(int, str, object)  # request id, reason, ModelInfo as it is now
 
@@ -236,7 +237,7 @@ class EngineWorker(QObject):
         if self._cancelled(request_id):
             return
         if self._engine is None or self._info is None:
-            self.sig_reply_failed.emit(request_id, "No model is loaded; load one from the toolbar.", "")
+            self.sig_reply_needs_model.emit(request_id)
             return
         engine = self._engine
         stream = TokenText(engine.loaded.tokenizer)

@@ -231,6 +231,15 @@ def test_stopping_a_reply_that_waits_for_the_model_does_not_cancel_the_loading(q
     assert stored(window)[-1][2] == DONE and len(backend.engines) == 1
 
 
+def test_a_reply_waiting_for_the_model_waits_for_the_one_chosen_meanwhile(qtbot, make_window, backend) -> None:
+    backend.load_delay_s = 0.2
+    window = make_window(wait_for_model=False)
+    send(qtbot, window, "Hello while you load")
+    window.load_model("")  # another choice while the first load runs: that one is given up
+    wait_idle(qtbot, window)
+    assert stored(window)[-1][2] == DONE and model_shown(window)
+
+
 def test_a_long_loading_stage_is_elided_and_does_not_widen_the_window(qtbot, make_window, backend) -> None:
     backend.load_delay_s = 0.3
     window = make_window(wait_for_model=False)
