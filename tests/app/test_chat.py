@@ -49,7 +49,8 @@ def test_enter_sends_and_the_reply_streams_into_the_chat(qtbot, window, backend)
     assert window.store.thread(window.session.conversation_id)[0].message.content == "Hello there"
     assert not window.composer.send_button.isEnabled() and window.composer.stop_button.isEnabled()
     reply = list(window.chat.widgets.values())[1]
-    qtbot.waitUntil(lambda: "You said" in reply.body.toPlainText(), timeout=5000)
+    # The first reply of a process imports PyTorch on the worker thread (seconds on a busy machine).
+    qtbot.waitUntil(lambda: "You said" in reply.body.toPlainText(), timeout=30_000)
     assert window.session.busy  # text appears before the reply ends
     wait_idle(qtbot, window)
     expected = "\n\n".join([reply_for([{"role": "user", "content": "Hello there"}])] * 8)
@@ -241,7 +242,7 @@ def test_a_reply_waiting_for_the_model_waits_for_the_one_chosen_meanwhile(qtbot,
 
 
 def test_a_long_loading_stage_is_elided_and_does_not_widen_the_window(qtbot, make_window, backend) -> None:
-    backend.load_delay_s = 0.3
+    backend.load_delay_s = 1.0  # the next stage does not come while the test looks
     window = make_window(wait_for_model=False)
     bar = window.model_bar
     qtbot.waitUntil(lambda: bar.stage.text() == "Finding the model", timeout=5000)  # room to show it whole
@@ -258,8 +259,8 @@ def test_sending_right_after_unload_is_clicked_loads_the_model_again(qtbot, wind
     qtbot.mouseClick(window.model_bar.unload_button, Qt.MouseButton.LeftButton)
     send(qtbot, window, "Wake up")  # before the worker has said that the model is gone
     qtbot.waitUntil(lambda: backend.engines[0].closed, timeout=5000)
-    qtbot.wait(50)  # the worker's word that it unloaded has arrived; the new load's first stage has not
-    assert window.model_bar.progress.isVisible() and window.status.model.text() == "Loading the model…"
+    qtbot.wait(50)  # the worker's word that it unloaded has arrived
+    assert window.model_bar.progress.isVisible() and window.status.model.text().startswith("Loading")
     wait_idle(qtbot, window)
     assert stored(window)[-1][2] == DONE and len(backend.engines) == 2
 
