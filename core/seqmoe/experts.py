@@ -92,14 +92,16 @@ class OffloadedLayer:
         # One device-to-host sync per layer: the router's choice decides what to copy.
         needed = torch.unique(index).tolist()
         prefill = hidden.shape[0] > 1
-        view = SlotView(module, self.cache.pool.tensors, self.cache.size)
         if len(needed) <= self.cache.size:
             slots = self.cache.acquire(self.layer, needed, prefill)
             self._look_ahead(hidden, index, prefill)
             try:
-                return self.base(view, hidden, _slot_lookup(needed, slots, index)[index], weights)
+                tensors, first = self.cache.pool.span(slots)
+                view = SlotView(module, tensors, max(slots) + 1 - first)
+                return self.base(view, hidden, _slot_lookup(needed, [s - first for s in slots], index)[index], weights)
             finally:
                 self.cache.release(slots)
+        view = SlotView(module, self.cache.pool.tensors, self.cache.size)
         return self._forward_in_groups(view, hidden, index, weights, needed, prefill)
 
     def _forward_in_groups(

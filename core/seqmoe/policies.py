@@ -186,10 +186,14 @@ class BeladyPolicy(Policy):
         self._waits_at = 0
         self._waits_for = 1
         """Tokens the last reuse forecast speaks for."""
+        self._distances: dict[ExpertKey, float] = {}
+        """``distance`` of the experts asked for since the last use or forecast (``observe``,
+        ``remember``): a re-plan asks for every resident expert at each victim it picks."""
 
     def observe(self, layer: int, experts: Sequence[int]) -> None:
         super().observe(layer, experts)
         self.usage.record(layer, experts)
+        self._distances.clear()
 
     def probability(self, key: ExpertKey) -> float:
         """That the next run of the expert's layer uses it."""
@@ -216,9 +220,12 @@ class BeladyPolicy(Policy):
         return self.prior[layer].argsort(descending=True).tolist()
 
     def distance(self, key: ExpertKey) -> float:
-        layers = self.num_layers
-        steps = (key[0] - self.layer) % layers or layers
-        return steps + layers * (1.0 - self.probability(key)) * self.wait(key)
+        known = self._distances.get(key)
+        if known is None:
+            layers = self.num_layers
+            steps = (key[0] - self.layer) % layers or layers
+            known = self._distances[key] = steps + layers * (1.0 - self.probability(key)) * self.wait(key)
+        return known
 
     def victim(self, candidates: Sequence[ExpertKey]) -> ExpertKey:
         distances = {key: self.distance(key) for key in candidates}
@@ -229,6 +236,7 @@ class BeladyPolicy(Policy):
     def remember(self, forecasts: Sequence[Forecast], layers: set[int]) -> None:
         self.forecast_probability = {f.key: f.probability for f in forecasts}
         self.forecast_layers = layers
+        self._distances.clear()
 
 
 class SeqMoEPolicy(BeladyPolicy):
@@ -306,12 +314,12 @@ class SeqMoEPolicy(BeladyPolicy):
         if elapsed >= self.stride:
             self._made = self._call(layer, hidden, routed)
             self._made_at, elapsed = self._clock, 0
-        forecasts = [Forecast(f.key, f.probability, f.horizon - elapsed) for f in self._made if f.horizon > elapsed]
-        self.remember(forecasts, set(self._targets[elapsed:]))
         if self.reuse is not None and layer == self.num_layers - 1:
             self._tokens_since_reuse += 1
             if self._tokens_since_reuse >= self.reuse_stride:
                 self._forecast_reuse(hidden)
+        forecasts = [Forecast(f.key, f.probability, f.horizon - elapsed) for f in self._made if f.horizon > elapsed]
+        self.remember(forecasts, set(self._targets[elapsed:]))
         return forecasts
 
     def look_past_prompt(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> None:

@@ -8,6 +8,8 @@ layer's expert, and the slot table says which.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -15,6 +17,9 @@ import torch
 from torch import nn
 
 from .transfer import CopyJob, ExpertKey, JobState
+
+_ALIGNMENT = 16
+"""Bytes a grouped matrix product's weights must be aligned to (CUDA's, and the CPU's in older PyTorch)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,20 @@ class SlotPool:
         self.pins = [0] * size
         self.slot_of: dict[ExpertKey, int] = {}
         self.free: set[int] = set(range(size))
+        itemsize = layout.dtype.itemsize
+        self._slot_step = max(_ALIGNMENT // math.gcd(_ALIGNMENT, _numel(shape) * itemsize) for shape in layout.shapes)
+        """Slots between two whose tensors all start on an ``_ALIGNMENT``-byte boundary."""
+
+    def span(self, slots: Sequence[int]) -> tuple[dict[str, torch.Tensor], int]:
+        """The pool's tensors from about the lowest of ``slots`` to the highest, and the slot they start at.
+
+        Grouped matrix products visit every expert group of their weights, empty or not (on the
+        CPU about a microsecond each), so a decode step's few experts need not pay for the whole
+        pool. The start is rounded down to a slot whose tensors are aligned as the kernels require.
+        """
+        first = min(slots) // self._slot_step * self._slot_step
+        end = max(slots) + 1
+        return {name: tensor[first:end] for name, tensor in self.tensors.items()}, first
 
     def state(self, slot: int) -> SlotState:
         if self.owner[slot] is None:

@@ -14,7 +14,7 @@ from seqmoe.cache import ExpertCache
 from seqmoe.errors import BudgetTooSmall
 from seqmoe.events import EventBus, ExpertEvicted, LayerRouted
 from seqmoe.policies import LRUPolicy
-from seqmoe.store import HostStore
+from seqmoe.store import ExpertLayout, HostStore, SlotPool
 from seqmoe.transfer import EmulatedCopier
 
 
@@ -39,6 +39,21 @@ def test_acquired_slots_hold_the_right_weights(cache: ExpertCache) -> None:
     slots = cache.acquire(2, [1, 3], prefill=False)
     assert [cache.pool.tensors["gate_up_proj"][s][0, 0].item() for s in slots] == [201.0, 203.0]
     cache.release(slots)
+
+
+# A slot of 3 x 4 bytes in float32 starts 16-byte aligned every 4th slot; of 3 x 2 bytes in bfloat16, every 8th.
+@pytest.mark.parametrize("dtype, step", [(torch.float32, 4), (torch.bfloat16, 8)])
+def test_a_decode_step_computes_on_the_slots_it_uses_seen_from_an_aligned_start(dtype: torch.dtype, step: int) -> None:
+    """Its expert kernel sees the slots from the lowest it uses to the highest, not the whole pool
+    (the CPU's grouped product pays for every group), from a 16-byte aligned slot."""
+    layout = ExpertLayout(names=("w",), shapes=((3,),), dtype=dtype, num_experts=4)
+    pool = SlotPool(layout, 32, torch.device("cpu"))
+    pool.tensors["w"].copy_(torch.arange(32, dtype=dtype).unsqueeze(1).expand(32, 3))
+    tensors, first = pool.span([13, 21])
+    assert first == 13 // step * step
+    assert tensors["w"].data_ptr() % 16 == 0
+    assert tensors["w"].shape[0] == 22 - first
+    assert tensors["w"][13 - first, 0].item() == 13 and tensors["w"][21 - first, 0].item() == 21
 
 
 def test_lru_evicts_the_least_recently_used(cache: ExpertCache) -> None:

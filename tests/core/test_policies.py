@@ -54,6 +54,27 @@ def test_equal_scores_evict_the_least_recently_used() -> None:
     assert policy.victim([(3, 1), (3, 2)]) == (3, 2)
 
 
+
+def test_a_distance_asked_before_news_is_asked_again_after_it() -> None:
+    """Eviction keeps the distances a re-plan asks for; a forecast, a reuse forecast or a use since
+    then moves them."""
+    waits = torch.full((LAYERS, EXPERTS), 1.0)
+    policy = SeqMoEPolicy(lambda h, l, r: torch.zeros(1, EXPERTS), LAYERS, torch.full((LAYERS, EXPERTS), 0.25),
+                          stride=1, reuse=lambda hidden, rate, age: waits)
+    policy.observe(0, [0])
+    unknown = policy.distance((1, 2))
+    policy.remember([Forecast((1, 2), 0.9, 1)], {1})
+    forecast = policy.distance((1, 2))
+    assert forecast < unknown
+    for layer in (1, 2, 3):  # the token's last layer makes the reuse forecast: "back within a token"
+        policy.observe(layer, [0])
+        before = policy.distance((2, 3))
+        policy.forecast(layer, torch.zeros(4), torch.tensor([0]))
+    assert policy.distance((2, 3)) < before
+    before = policy.distance((0, 1))
+    policy.observe(0, [1])
+    assert policy.distance((0, 1)) != before
+
 def test_an_expert_in_steady_use_outlives_a_recent_one_forecast_as_unlikely() -> None:
     policy = belady(prior=0.1)
     for token in range(9):  # layer 2 used expert 1 for eight tokens, then expert 2 once
