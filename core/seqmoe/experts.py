@@ -27,12 +27,13 @@ ExpertsFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torc
 
 
 class SlotView:
-    """The experts module as seen through the slot pool: same behaviour, other weights."""
+    """The experts module as seen through the slot pool: same behaviour, other weights, as many
+    experts as ``tensors`` hold slots."""
 
-    def __init__(self, module: nn.Module, tensors: dict[str, torch.Tensor], num_slots: int) -> None:
+    def __init__(self, module: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
         self._module = module
         self.__dict__.update(tensors)
-        self.num_experts = num_slots
+        self.num_experts = next(iter(tensors.values())).shape[0]
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._module, name)
@@ -54,10 +55,10 @@ class ResidentLayer:
         self.accesses = accesses
 
     def forward(self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        num_experts = next(iter(self.tensors.values())).shape[0]
-        used = torch.zeros(num_experts, dtype=torch.int64, device=index.device)
+        view = SlotView(module, self.tensors)
+        used = torch.zeros(view.num_experts, dtype=torch.int64, device=index.device)
         self.accesses += used.index_fill_(0, index.reshape(-1), 1).sum()
-        return self.base(SlotView(module, self.tensors, num_experts), hidden, index, weights)
+        return self.base(view, hidden, index, weights)
 
 
 class OffloadedLayer:
@@ -97,11 +98,11 @@ class OffloadedLayer:
             self._look_ahead(hidden, index, prefill)
             try:
                 tensors, first = self.cache.pool.span(slots)
-                view = SlotView(module, tensors, max(slots) + 1 - first)
-                return self.base(view, hidden, _slot_lookup(needed, [s - first for s in slots], index)[index], weights)
+                lookup = _slot_lookup(needed, [slot - first for slot in slots], index)
+                return self.base(SlotView(module, tensors), hidden, lookup[index], weights)
             finally:
                 self.cache.release(slots)
-        view = SlotView(module, self.cache.pool.tensors, self.cache.size)
+        view = SlotView(module, self.cache.pool.tensors)
         return self._forward_in_groups(view, hidden, index, weights, needed, prefill)
 
     def _forward_in_groups(

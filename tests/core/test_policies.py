@@ -54,7 +54,6 @@ def test_equal_scores_evict_the_least_recently_used() -> None:
     assert policy.victim([(3, 1), (3, 2)]) == (3, 2)
 
 
-
 def test_a_distance_asked_before_news_is_asked_again_after_it() -> None:
     """Eviction keeps the distances a re-plan asks for; a forecast, a reuse forecast or a use since
     then moves them."""
@@ -74,6 +73,7 @@ def test_a_distance_asked_before_news_is_asked_again_after_it() -> None:
     before = policy.distance((0, 1))
     policy.observe(0, [1])
     assert policy.distance((0, 1)) != before
+
 
 def test_an_expert_in_steady_use_outlives_a_recent_one_forecast_as_unlikely() -> None:
     policy = belady(prior=0.1)
