@@ -3,7 +3,7 @@ through the engine: does each load, and give transformers' own greedy tokens und
 
     .venv/bin/python tools/sweep_architectures.py [MODEL_TYPE ...]
 
-The tests cover fifteen families by hand; this sweep is for a transformers upgrade, when new
+The tests cover eighteen families by hand; this sweep is for a transformers upgrade, when new
 architectures arrive. Each model type runs in a child process (a default config may be huge,
 or crash), from its default config with the sizes below made small. Some architectures need
 more than that (multi-head latent attention wants as many key-value heads as heads, hybrid

@@ -301,7 +301,8 @@ def read_prompts(path: Path) -> list[str]:
 
 def traced_routers(model: str | None, identity: dict[str, object]) -> list[Router]:
     """The routers of the model the traces were recorded with (loaded, never run)."""
-    from .loader import find_routers, load_model
+    from .loader import load_model
+    from .routers import find_routers
     from .trace import model_identity
 
     loaded = load_model(model or str(demo_model_dir()), device="cpu")

@@ -29,7 +29,8 @@ from .budget import (
 from .cache import ExpertCache
 from .errors import BudgetTooSmall, SeqMoEError
 from .events import EventBus, TokenGenerated
-from .loader import LoadedModel, find_routers
+from .loader import LoadedModel
+from .routers import find_routers
 from .policies import (
     ORACLE_NEXT,
     ORACLES,

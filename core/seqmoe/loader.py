@@ -13,11 +13,9 @@ import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import (
     AutoConfig,
@@ -35,7 +33,7 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
 )
 
-from .errors import ModelRefused, SeqMoEError
+from .errors import ModelRefused
 from .hub_files import IN_A_FOLDER, INDEX_FILE, SMALL_PATTERNS, WEIGHT_PATTERN, index_shards
 from .layer_configs import largest_int
 from .store import HostStore, expert_parameters
@@ -392,63 +390,3 @@ def _json_or_empty(file: Path) -> dict:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
-
-
-@dataclass(frozen=True)
-class Router:
-    """One MoE layer's router as the linear map every router starts with: hidden state to
-    one logit per routed expert.
-
-    Routers differ in everything after that map (softmax or sigmoid, a load-balancing bias
-    on the choice, expert groups, even extra arguments to ``forward``), so the map itself is
-    applied rather than the module. It is the choice's ranking before any correction: what
-    the ``gate`` policy forecasts with and what traces record.
-    """
-
-    module: nn.Module
-    """The module holding the weight; its input is the router's input."""
-    weight: nn.Parameter
-    """``[rows, hidden]``; the routed experts are the first ``num_experts`` rows."""
-    bias: nn.Parameter | None
-    num_experts: int
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[..., num_experts]`` logits for ``hidden`` ``[..., hidden_size]``, in float32."""
-        weight, bias = self._float_map
-        return F.linear(hidden.to(weight.device, torch.float32), weight, bias)
-
-    @cached_property
-    def _float_map(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The routed experts' rows in float32, made once: ``logits`` runs at every layer of every token."""
-        weight = self.weight.detach()[: self.num_experts].float()
-        bias = None if self.bias is None else self.bias.detach()[: self.num_experts].float()
-        return weight, bias
-
-
-def find_routers(loaded: LoadedModel) -> list[Router]:
-    """For each experts module, its router: the weight beside it (in the same MoE block, perhaps
-    inside a router module) that maps hidden states to one logit per expert."""
-    parents = {id(child): parent for parent in loaded.model.modules() for child in parent.children()}
-    hidden = loaded.config.get_text_config().hidden_size
-    experts = loaded.host.layout.num_experts
-    return [_router_beside(parents[id(module)], module, experts, hidden) for module in loaded.experts]
-
-
-def _router_beside(block: nn.Module, experts_module: nn.Module, experts: int, hidden: int) -> Router:
-    candidates = []
-    inside_experts = {id(module) for module in experts_module.modules()}
-    for name, module in block.named_modules():
-        if id(module) in inside_experts:
-            continue
-        weight = getattr(module, "weight", None)
-        if isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.shape[1] == hidden and weight.shape[0] >= experts:
-            # Exactly one row per expert first; else the fewest rows beyond them, as a router that
-            # appends its shared experts' gates after the routed ones (Inkling) has, where a
-            # shared expert's projection has its hidden width; then the shallowest module.
-            candidates.append((weight.shape[0] - experts, name.count("."), module))
-    if not candidates:
-        raise SeqMoEError(f"cannot find the router of {type(block).__name__} (a weight of shape ({experts}, {hidden}))")
-    module = min(candidates, key=lambda c: c[:2])[2]
-    bias = getattr(module, "bias", None)
-    bias = bias if isinstance(bias, torch.Tensor) and bias.dim() == 1 and bias.shape[0] == module.weight.shape[0] else None
-    return Router(module, module.weight, bias, experts)

@@ -77,7 +77,7 @@ SHAPES = {
 
 SIMULATED_POLICIES = ("lru", "gate", "seqmoe", *ORACLES)
 Router = Callable[[torch.Tensor], torch.Tensor]
-"""A router's linear map (``loader.Router.logits``): what ``gate`` forecasts with, from the traced model."""
+"""A router's logits (``routers.Router.logits``): what ``gate`` forecasts with, from the traced model."""
 
 
 class VirtualClock:

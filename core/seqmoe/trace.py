@@ -27,7 +27,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from .errors import SeqMoEError
-from .loader import LoadedModel, Router, find_routers
+from .loader import LoadedModel
+from .routers import Router, find_routers
 from .user_files import check_output, writing
 
 FORMAT_VERSION = 1

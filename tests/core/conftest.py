@@ -94,6 +94,24 @@ FAMILIES: dict[str, transformers.PretrainedConfig] = {
         num_experts_per_tok=2, layer_types=["mamba", "attention", "mamba"], mamba_n_heads=8, mamba_d_head=8,
         mamba_n_groups=1, mamba_d_state=16, mamba_expand=2,
     ),
+    # one expert a token, chosen by a router with a hidden layer of its own (ZAYA1)
+    "zaya": transformers.ZayaConfig(
+        **_COMMON, head_dim=8, moe_intermediate_size=32, num_hidden_layers=3, num_experts=8, num_experts_per_tok=1,
+        router_hidden_size=16,
+    ),
+    # experts in every other layer only, beside Mamba layers (Jamba)
+    "jamba": transformers.JambaConfig(
+        **_COMMON, intermediate_size=48, num_hidden_layers=4, num_experts=8, num_experts_per_tok=2, attn_layer_period=2,
+        attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8,
+        use_mamba_kernels=False,
+    ),
+    # the MoE as a layer of its own between Mamba-2 and attention layers (Nemotron-H)
+    "nemotron_h": transformers.NemotronHConfig(
+        **_COMMON, head_dim=8, intermediate_size=48, moe_intermediate_size=32, moe_shared_expert_intermediate_size=32,
+        num_hidden_layers=4, layers_block_type=["linear_attention", "moe", "full_attention", "moe"], n_routed_experts=8,
+        num_experts_per_tok=2, n_group=1, topk_group=1, mamba_num_heads=8, mamba_head_dim=8, n_groups=1,
+        ssm_state_size=16, chunk_size=16,
+    ),
     # linear-attention layers between full-attention ones, and a gated shared expert: no plain KV cache
     "qwen3_next": transformers.Qwen3NextConfig(
         **_COMMON, head_dim=8, intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,

@@ -14,7 +14,7 @@ from seqmoe.predictor import load_predictor, save_predictor
 from seqmoe.predictor.evaluation import evaluate, frequency_scorer, hits_at, previous_token_scorer
 from seqmoe.predictor.samples import Positions, positions_of, split_documents
 from seqmoe.predictor.training import TrainingOptions, train_predictor
-from seqmoe.loader import find_routers
+from seqmoe.routers import find_routers
 from seqmoe.trace import model_identity, read_documents, read_traces
 
 from .conftest import CHAT_TEXT

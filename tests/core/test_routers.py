@@ -11,7 +11,7 @@ from torch import nn
 
 from seqmoe import load_model
 from seqmoe.errors import SeqMoEError
-from seqmoe.loader import find_routers
+from seqmoe.routers import find_routers
 from seqmoe.trace import RoutingRecorder
 
 from .conftest import FAMILIES
@@ -65,6 +65,27 @@ def test_a_weight_of_exactly_one_row_per_expert_is_preferred_then_the_fewest_row
     assert find_routers(_loaded(block))[0].module is block.gates[1]
     block = _Block([16, 6])  # a shared expert's projection beside a router with two shared-expert gates
     assert find_routers(_loaded(block))[0].module is block.gates[1]
+
+
+class _NetworkGate(nn.Module):
+    """A router with a hidden layer wider than twice the experts, and a skip class after them."""
+
+    def __init__(self, hidden: int = 6, experts: int = 4) -> None:
+        super().__init__()
+        self.down = nn.Linear(hidden, 2 * experts + 1)
+        self.out = nn.Linear(2 * experts + 1, experts + 1)
+
+    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, str]:
+        return self.out(self.down(hidden).relu()), "more outputs after the logits"
+
+
+def test_a_router_that_is_a_network_is_run_whole_not_taken_for_its_first_projection() -> None:
+    block = _Block([])
+    block.gate = _NetworkGate()
+    (router,) = find_routers(_loaded(block))
+    hidden = torch.randn(3, 6)
+    assert router.module is block.gate
+    assert torch.allclose(router.logits(hidden), block.gate(hidden)[0][:, :4])
 
 
 def test_a_block_without_a_router_is_refused_clearly() -> None:

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from ..engine import Engine, Sampling
 from ..errors import SeqMoEError
-from ..loader import find_routers
+from ..routers import find_routers
 from ..trace import (
     chat_tokenizer,
     iter_traces,

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..loader import Router
+from ..routers import Router
 from .model import ExpertPredictor
 from .samples import Positions
 
