@@ -7,10 +7,12 @@ The tests cover eighteen families by hand; this sweep is for a transformers upgr
 architectures arrive. Each model type runs in a child process (a default config may be huge,
 or crash), from its default config with the sizes below made small. Some architectures need
 more than that (multi-head latent attention wants as many key-value heads as heads, hybrid
-models a full-attention layer among their first layers, DBRX its own size names), so a few
+models a full-attention layer among their first layers, ZAYA1 one expert a token, DBRX its own size names), so a few
 variants are tried in turn until transformers itself can generate. One line per model type:
 
-    same      the engine's tokens equal transformers' under full, lru, gate and seqmoe
+    same      the engine's tokens equal transformers' under full, lru, gate and seqmoe; with the
+              share of the chosen experts among the top-k of the router the engine found (under
+              100%: a bias, expert groups or state in the choice, or the wrong router)
     DIFFERENT the policies whose tokens differ (a bug)
     refused   the engine's one-line reason (an MoE outside the experts interface)
     CRASH     the engine raised something other than its own refusal (a bug)
@@ -48,6 +50,7 @@ VARIANTS = (
     {}, {"num_key_value_heads": 4}, {"num_hidden_layers": 4}, {"num_key_value_heads": 4, "num_hidden_layers": 4},
     {"num_hidden_layers": 8}, {"mamba_n_heads": 8, "layer_types": ["mamba", "attention", "mamba"]},
     {"layer_types": ["conv", "full_attention", "conv"]},
+    {"num_experts_per_tok": 1},  # ZAYA1 routes one expert a token
     # DBRX names its sizes its own way, the attention's and the experts' in nested configs
     {"d_model": 32, "n_heads": 4, "n_layers": 2,
      "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
@@ -118,11 +121,33 @@ def sweep_one(model_type: str, workdir: Path) -> dict[str, object]:
             engine.configure(policy, cache_ratio=minimum if ratio is None else ratio)
             if engine.generate(PROMPT, greedy).token_ids != expected:
                 different.append(f"{policy}@{minimum if ratio is None else ratio:.2f}")
+        agreement = router_agreement(engine.loaded)
     except Exception as error:
         return {"result": "CRASH", "why": f"{type(error).__name__}: {error}"}
     finally:
         engine.close()
-    return {"result": "DIFFERENT", "why": ", ".join(different)} if different else {"result": "same", "why": ""}
+    if different:
+        return {"result": "DIFFERENT", "why": ", ".join(different)}
+    return {"result": "same", "why": f"router top-k holds {agreement:.0%} of the choice"}
+
+
+def router_agreement(loaded: object) -> float:
+    """The share of the experts chosen for the sweep's prompt that the found router ranks in its top-k."""
+    import torch
+
+    from seqmoe.trace import RoutingRecorder
+    from tests.core.test_equivalence import PROMPT
+
+    recorder = RoutingRecorder(loaded)
+    try:
+        with torch.inference_mode():
+            loaded.model(input_ids=torch.tensor([PROMPT]))
+        record = recorder.take()
+    finally:
+        recorder.close()
+    chosen = record["experts"].long()
+    ranked = record["probs"].float().topk(chosen.shape[-1], dim=-1).indices
+    return (chosen.unsqueeze(-1) == ranked.unsqueeze(-2)).any(-1).float().mean().item()
 
 
 def main() -> int:
