@@ -35,11 +35,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SMALL = dict(
-    vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-    moe_shared_expert_intermediate_size=32, expert_hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=128, unpadded_vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+    shared_expert_intermediate_size=32, moe_shared_expert_intermediate_size=32, expert_hidden_size=32,
+    num_attention_heads=4, num_key_value_heads=2,
     head_dim=8, max_position_embeddings=256, num_hidden_layers=3, num_experts=8, num_local_experts=8, n_routed_experts=8,
-    moe_num_experts=8, num_experts_per_tok=2, moe_topk=2, top_k=2, moe_k=2, n_group=2, topk_group=1, n_shared_experts=1,
-    num_shared_experts=1, first_k_dense_replace=1, num_dense_layers=1, kv_lora_rank=16, q_lora_rank=24,
+    moe_num_experts=8, num_experts_per_tok=2, num_experts_per_token=2, moe_topk=2, top_k=2, moe_k=2, n_group=2,
+    num_expert_group=2, topk_group=1, n_shared_experts=1, num_shared_experts=1, first_k_dense_replace=1,
+    num_dense_layers=1, kv_lora_rank=16, q_lora_rank=24,
     qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, index_head_dim=8, index_n_heads=2, index_topk=4,
     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
     mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, ssm_state_size=8, sliding_window=16,
@@ -51,6 +53,8 @@ VARIANTS = (
     {"num_hidden_layers": 8}, {"mamba_n_heads": 8, "layer_types": ["mamba", "attention", "mamba"]},
     {"layer_types": ["conv", "full_attention", "conv"]},
     {"num_experts_per_tok": 1},  # ZAYA1 routes one expert a token
+    # linear-attention models whose first layers are all linear (Kimi Linear, Ling's hybrid)
+    {"layer_types": "every kind"}, {"layer_types": "every kind", "num_key_value_heads": 4},
     # DBRX names its sizes its own way, the attention's and the experts' in nested configs
     {"d_model": 32, "n_heads": 4, "n_layers": 2,
      "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
@@ -97,6 +101,13 @@ def sweep_one(model_type: str, workdir: Path) -> dict[str, object]:
     problem = ""
     for number, variant in enumerate(VARIANTS):
         settings = {key: value for key, value in {**SMALL, **variant}.items() if key in keys}
+        if variant.get("layer_types") == "every kind":
+            # Each kind of layer of the default, in the order they first come, then the last again.
+            every = list(dict.fromkeys(keys.get("layer_types") or []))
+            if not every:
+                continue
+            settings["num_hidden_layers"] = max(len(every), settings["num_hidden_layers"])
+            settings["layer_types"] = every + every[-1:] * (settings["num_hidden_layers"] - len(every))
         kinds = keys.get("mlp_layer_types")
         if isinstance(kinds, list) and kinds:
             # Cut from the default, a model this small would keep only the first layers' kind (Beam's

@@ -59,6 +59,7 @@ class NetworkRouter:
     rows: int
     num_experts: int
 
+    @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., num_experts]`` logits for ``hidden`` ``[..., hidden_size]``, in float32."""
         weight = next(self.module.parameters())
