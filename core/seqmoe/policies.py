@@ -187,8 +187,9 @@ class BeladyPolicy(Policy):
         self._waits_for = 1
         """Tokens the last reuse forecast speaks for."""
         self._distances: dict[ExpertKey, float] = {}
-        """``distance`` of the experts asked for since the last use or forecast (``observe``,
-        ``remember``): a re-plan asks for every resident expert at each victim it picks."""
+        """``distance`` of the experts asked for since the last use, forecast or reuse forecast
+        (``observe``, ``remember``, ``_forecast_reuse``): a re-plan asks for every resident expert
+        at each victim it picks."""
 
     def observe(self, layer: int, experts: Sequence[int]) -> None:
         super().observe(layer, experts)
@@ -314,12 +315,12 @@ class SeqMoEPolicy(BeladyPolicy):
         if elapsed >= self.stride:
             self._made = self._call(layer, hidden, routed)
             self._made_at, elapsed = self._clock, 0
+        forecasts = [Forecast(f.key, f.probability, f.horizon - elapsed) for f in self._made if f.horizon > elapsed]
+        self.remember(forecasts, set(self._targets[elapsed:]))
         if self.reuse is not None and layer == self.num_layers - 1:
             self._tokens_since_reuse += 1
             if self._tokens_since_reuse >= self.reuse_stride:
                 self._forecast_reuse(hidden)
-        forecasts = [Forecast(f.key, f.probability, f.horizon - elapsed) for f in self._made if f.horizon > elapsed]
-        self.remember(forecasts, set(self._targets[elapsed:]))
         return forecasts
 
     def look_past_prompt(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> None:
@@ -337,6 +338,7 @@ class SeqMoEPolicy(BeladyPolicy):
         start = self.clock()
         self.waits = self.reuse(hidden.reshape(-1), *self.usage.features()).tolist()
         self._waits_at, self._waits_for, self._tokens_since_reuse = self._clock, self.reuse_stride, 0
+        self._distances.clear()
         seconds = self.clock() - start
         self.reuse_seconds += seconds
         self._reuse_call_seconds = _smoothed(self._reuse_call_seconds, seconds)
