@@ -14,12 +14,13 @@ from .budget import DEFAULT_CONTEXT_TOKENS
 from .errors import SeqMoEError
 from .policies import POLICY_NAMES
 from .predictor.calibration import CALIBRATION_TOKENS
-from .simulate import HARDWARE, SHAPES, SIMULATED_POLICIES, Router
+from .simulate import HARDWARE, SHAPES, SIMULATED_POLICIES
 from .resources import demo_model_dir
 from .user_files import check_output, read_text
 
 if TYPE_CHECKING:
     from .engine import Engine
+    from .routers import RouterLogits
 
 DEFAULT_LINK_GBPS = 25.0
 
@@ -299,17 +300,17 @@ def read_prompts(path: Path) -> list[str]:
     return prompts
 
 
-def traced_routers(model: str | None, identity: dict[str, object]) -> list[Router]:
+def traced_routers(model: str | None, identity: dict[str, object]) -> list[RouterLogits]:
     """The routers of the model the traces were recorded with (loaded, never run)."""
     from .loader import load_model
-    from .routers import find_routers
+    from .routers import router_logits
     from .trace import model_identity
 
     loaded = load_model(model or str(demo_model_dir()), device="cpu")
     if model_identity(loaded) != identity:
         raise SeqMoEError(f"the traces are of {identity.get('name')}, not of {loaded.path.name}: "
                           "give the traced model with --model")
-    return [router.logits for router in find_routers(loaded)]
+    return router_logits(loaded)
 
 
 def run_simulate(args: argparse.Namespace) -> int:

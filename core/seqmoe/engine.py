@@ -30,7 +30,7 @@ from .cache import ExpertCache
 from .errors import BudgetTooSmall, SeqMoEError
 from .events import EventBus, TokenGenerated
 from .loader import LoadedModel
-from .routers import find_routers
+from .routers import RouterLogits, router_logits
 from .policies import (
     ORACLE_NEXT,
     ORACLES,
@@ -248,8 +248,8 @@ class Engine:
             return OraclePolicy(future, layers, experts, lookahead=lookahead)
         raise SeqMoEError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
-    def _router_functions(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
-        return [router.logits for router in find_routers(self.loaded)]
+    def _router_functions(self) -> list[RouterLogits]:
+        return router_logits(self.loaded)
 
     def _gate_forecaster(self) -> Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor]:
         """Until a predictor is calibrated: the next layer's router on this hidden state, horizon 1."""

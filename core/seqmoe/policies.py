@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .routers import RouterLogits
 from .transfer import ExpertKey
 from .usage import UsageHistory
 
@@ -151,7 +152,7 @@ class GatePolicy(Policy):
     streams_prefill = True
     speculative = True
 
-    def __init__(self, routers: list[Callable[[torch.Tensor], torch.Tensor]], num_experts: int, top_k: int) -> None:
+    def __init__(self, routers: list[RouterLogits], num_experts: int, top_k: int) -> None:
         super().__init__(num_experts)
         self.routers = routers
         self.top_k = top_k
@@ -163,7 +164,7 @@ class GatePolicy(Policy):
 
 
 def next_layer_distribution(
-    routers: Sequence[Callable[[torch.Tensor], torch.Tensor]], layer: int, hidden: torch.Tensor
+    routers: Sequence[RouterLogits], layer: int, hidden: torch.Tensor
 ) -> torch.Tensor:
     """The next MoE layer's router applied to this layer's hidden state, as probabilities over its experts."""
     return torch.softmax(routers[(layer + 1) % len(routers)](hidden).float().reshape(-1), dim=0)

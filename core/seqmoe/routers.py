@@ -10,6 +10,7 @@ MLP) has no such layer; it is run whole (``NetworkRouter``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -62,13 +63,18 @@ class NetworkRouter:
     @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., num_experts]`` logits for ``hidden`` ``[..., hidden_size]``, in float32."""
-        weight = next(self.module.parameters())
         # ``forward``, not the module's call: the trace recorder hooks the call.
-        output = _first_tensor(self.module.forward(hidden.reshape(1, -1, hidden.shape[-1]).to(weight)))
+        output = _first_tensor(self.module.forward(hidden.reshape(1, -1, hidden.shape[-1]).to(self._weight)))
         return output.reshape(-1, self.rows)[:, : self.num_experts].float().reshape(*hidden.shape[:-1], self.num_experts)
+
+    @cached_property
+    def _weight(self) -> nn.Parameter:
+        """A parameter, for the device and dtype the module's input needs; looked up once."""
+        return next(self.module.parameters())
 
 
 Router = LinearRouter | NetworkRouter
+RouterLogits = Callable[[torch.Tensor], torch.Tensor]
 
 
 def find_routers(loaded: LoadedModel) -> list[Router]:
@@ -77,6 +83,11 @@ def find_routers(loaded: LoadedModel) -> list[Router]:
     hidden = loaded.config.get_text_config().hidden_size
     experts = loaded.host.layout.num_experts
     return [_router_beside(parents[id(module)], module, experts, hidden) for module in loaded.experts]
+
+
+def router_logits(loaded: LoadedModel) -> list[RouterLogits]:
+    """Each MoE layer's router as the map the ``gate`` policy applies: hidden states to logits."""
+    return [router.logits for router in find_routers(loaded)]
 
 
 def _router_beside(block: nn.Module, experts_module: nn.Module, experts: int, hidden: int) -> Router:

@@ -22,6 +22,7 @@ from .cache import ExpertCache
 from .events import EventBus
 from .policies import ORACLE_NEXT, ORACLES, GatePolicy, LRUPolicy, OraclePolicy, Policy, SeqMoEPolicy
 from .predictor.model import ExpertPredictor
+from .routers import RouterLogits
 from .store import ExpertLayout
 from .trace import Traces, document_runs
 from .transfer import CopyJob, ExpertKey, JobState, MeasuredStall, StallLog, take_queued
@@ -76,8 +77,6 @@ SHAPES = {
 
 
 SIMULATED_POLICIES = ("lru", "gate", "seqmoe", *ORACLES)
-Router = Callable[[torch.Tensor], torch.Tensor]
-"""A router's logits (``routers.Router.logits``): what ``gate`` forecasts with, from the traced model."""
 
 
 class VirtualClock:
@@ -262,7 +261,7 @@ def simulate(
     hardware: Hardware,
     shape: ModelShape,
     predictor: ExpertPredictor | None = None,
-    routers: list[Router] | None = None,
+    routers: list[RouterLogits] | None = None,
 ) -> SimulationResult:
     """Replay each document of ``traces``, its prefill chunks then its decode tokens, through the
     cache, as the engine would run them; decode figures are reported. ``seqmoe`` needs the
@@ -339,7 +338,7 @@ def copy_bound(traces: Traces, cache_ratio: float, hardware: Hardware, shape: Mo
 
 
 def _policy(
-    name: str, traces: Traces, steps: list[Step], predictor: ExpertPredictor | None, routers: list[Router] | None
+    name: str, traces: Traces, steps: list[Step], predictor: ExpertPredictor | None, routers: list[RouterLogits] | None
 ) -> Policy:
     layers, experts = traces.experts.shape[1], traces.probs.shape[-1]
     if name == "lru":
