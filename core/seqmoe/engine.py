@@ -30,7 +30,7 @@ from .cache import ExpertCache
 from .errors import BudgetTooSmall, SeqMoEError
 from .events import EventBus, TokenGenerated
 from .loader import LoadedModel
-from .routers import RouterLogits, router_logits
+from .routers import router_logits
 from .policies import (
     ORACLE_NEXT,
     ORACLES,
@@ -232,7 +232,7 @@ class Engine:
         if name == "lru":
             return LRUPolicy(experts)
         if name == "gate":
-            return GatePolicy(self._router_functions(), experts, top_k)
+            return GatePolicy(router_logits(self.loaded), experts, top_k)
         if name == "seqmoe":
             predictor = self.predictor()
             if predictor is None:
@@ -248,12 +248,9 @@ class Engine:
             return OraclePolicy(future, layers, experts, lookahead=lookahead)
         raise SeqMoEError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
-    def _router_functions(self) -> list[RouterLogits]:
-        return router_logits(self.loaded)
-
     def _gate_forecaster(self) -> Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor]:
         """Until a predictor is calibrated: the next layer's router on this hidden state, horizon 1."""
-        routers = self._router_functions()
+        routers = router_logits(self.loaded)
         return lambda hidden, layer, routed: next_layer_distribution(routers, layer, hidden).unsqueeze(0)
 
     @property
