@@ -11,8 +11,9 @@ models a full-attention layer among their first layers, ZAYA1 one expert a token
 variants are tried in turn until transformers itself can generate. One line per model type:
 
     same      the engine's tokens equal transformers' under full, lru, gate and seqmoe; with the
-              share of the chosen experts among the top-k of the router the engine found (under
-              100%: a bias, expert groups or state in the choice, or the wrong router)
+              share of the chosen experts that the gate's look-ahead ranks in its top-k, given each
+              layer's own input (under 100%: a router fed another input than its experts, state
+              in the choice, or the wrong router)
     DIFFERENT the policies whose tokens differ (a bug)
     refused   the engine's one-line reason (an MoE outside the experts interface)
     CRASH     the engine raised something other than its own refusal (a bug)
@@ -139,26 +140,23 @@ def sweep_one(model_type: str, workdir: Path) -> dict[str, object]:
         engine.close()
     if different:
         return {"result": "DIFFERENT", "why": ", ".join(different)}
-    return {"result": "same", "why": f"router top-k holds {agreement:.0%} of the choice"}
+    return {"result": "same", "why": f"the look-ahead's top-k holds {agreement:.0%} of the choice"}
 
 
 def router_agreement(loaded: object) -> float:
-    """The share of the experts chosen for the sweep's prompt that the found router ranks in its top-k."""
+    """The share of the experts chosen for the sweep's prompt that the gate policy's look-ahead
+    (``router_logits``), given each layer's own input, ranks in its top-k."""
     import torch
 
-    from seqmoe.trace import RoutingRecorder
+    from seqmoe.routers import router_logits
+    from tests.core.conftest import experts_inputs_and_choices
     from tests.core.test_equivalence import PROMPT
 
-    recorder = RoutingRecorder(loaded)
-    try:
-        with torch.inference_mode():
-            loaded.model(input_ids=torch.tensor([PROMPT]))
-        record = recorder.take()
-    finally:
-        recorder.close()
-    chosen = record["experts"].long()
-    ranked = record["probs"].float().topk(chosen.shape[-1], dim=-1).indices
-    return (chosen.unsqueeze(-1) == ranked.unsqueeze(-2)).any(-1).float().mean().item()
+    hits = []
+    for scores, (hidden, chosen) in zip(router_logits(loaded), experts_inputs_and_choices(loaded, PROMPT)):
+        ranked = scores(hidden).topk(chosen.shape[-1], dim=-1).indices
+        hits.append((chosen.long().unsqueeze(-1) == ranked.unsqueeze(-2)).any(-1).float().flatten())
+    return torch.cat(hits).mean().item()
 
 
 def main() -> int:

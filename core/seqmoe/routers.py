@@ -1,15 +1,22 @@
 """Each MoE layer's router, as a map from hidden states to one logit per routed expert.
 
-It is the choice's ranking before any correction (a load-balancing bias, expert groups):
-what the ``gate`` policy forecasts with and what traces record. Routers differ in
-everything after their first map (softmax or sigmoid, biases, even extra arguments to
-``forward``), so where that map is a linear layer it is applied alone (``LinearRouter``).
-A router that is a network of its own (ZAYA1: a projection to a narrower width, then an
-MLP) has no such layer; it is run whole (``NetworkRouter``).
+``find_routers`` gives the choice's ranking before any correction (a load-balancing bias,
+expert groups): what traces record. Routers differ in everything after their first map
+(softmax or sigmoid, biases, even extra arguments to ``forward``), so where that map is a
+linear layer it is applied alone (``LinearRouter``). A router that is a network of its own
+(ZAYA1: a projection to a narrower width, then an MLP) has no such layer; it is run whole
+(``NetworkRouter``).
+
+``choice_routers`` gives what the ``gate`` policy looks ahead with: scores whose top-k is the
+block's own choice. Where the logits' top-k is not that choice (DeepSeek-V3 and GLM-4.5 pick
+expert groups and add a bias, ERNIE 4.5 and AFMoE add a bias), the MoE block itself is run
+on the hidden state until it calls its experts (``BlockChoice``): whatever rule the model's
+code follows, the experts it hands them are its choice.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -73,21 +80,114 @@ class NetworkRouter:
         return next(self.module.parameters())
 
 
+@dataclass(frozen=True)
+class BlockChoice:
+    """A router whose block chooses by more than its top-k: ``logits`` lifts the experts the block
+    chooses for each token above the rest, each keeping its logit's gaps to the others chosen."""
+
+    router: LinearRouter | NetworkRouter
+    block: nn.Module
+    experts: nn.Module
+    dtype: torch.dtype
+    """The block's activations' dtype (its shared experts take no other)."""
+
+    @torch.no_grad()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[..., num_experts]`` scores for ``hidden`` ``[..., hidden_size]``, in float32."""
+        logits = self.router.logits(hidden)
+        chosen = run_to_choice(self.block, self.experts, hidden.to(self.dtype))
+        if chosen is None:  # the block skipped its experts for this input; its router is all there is
+            return logits
+        mask = torch.zeros_like(logits, dtype=torch.bool)
+        mask.scatter_(-1, chosen.reshape(*logits.shape[:-1], -1).to(logits.device, torch.long), True)
+        lowest_chosen = logits.masked_fill(~mask, math.inf).amin(dim=-1, keepdim=True)
+        highest_other = logits.masked_fill(mask, -math.inf).amax(dim=-1, keepdim=True)
+        return torch.where(mask, logits + (highest_other - lowest_chosen).clamp(min=0) + 1, logits)
+
+
 Router = LinearRouter | NetworkRouter
 RouterLogits = Callable[[torch.Tensor], torch.Tensor]
+PROBE_TOKENS = 64
+"""Random hidden states a block is tried on to see whether its choice is its logits' top-k."""
+_INDEX_KWARGS = ("top_k_index", "router_indices", "selected_experts")
 
 
 def find_routers(loaded: LoadedModel) -> list[Router]:
     """For each experts module, its router, found beside it in the same MoE block."""
-    parents = {id(child): parent for parent in loaded.model.modules() for child in parent.children()}
     hidden = loaded.config.get_text_config().hidden_size
     experts = loaded.host.layout.num_experts
-    return [_router_beside(parents[id(module)], module, experts, hidden) for module in loaded.experts]
+    return [_router_beside(block, module, experts, hidden) for block, module in zip(_blocks(loaded), loaded.experts)]
+
+
+def choice_routers(loaded: LoadedModel) -> list[Router | BlockChoice]:
+    """``find_routers``, each in a ``BlockChoice`` where its block's choice for random hidden
+    states is not its logits' top-k (a plain router stays: it costs one matrix product)."""
+    hidden = loaded.config.get_text_config().hidden_size
+    dtype = loaded.model.get_input_embeddings().weight.dtype  # the hidden states' dtype, from the first layer on
+    routers: list[Router | BlockChoice] = []
+    for block, experts, router in zip(_blocks(loaded), loaded.experts, find_routers(loaded)):
+        weight = next(block.parameters())
+        probe = torch.randn(PROBE_TOKENS, hidden, generator=torch.Generator().manual_seed(0))
+        probe = probe.to(weight.device, dtype)
+        try:
+            chosen = run_to_choice(block, experts, probe)
+        except Exception:  # a block that needs more than hidden states (ZAYA1's router state) keeps its router
+            chosen = None
+        if chosen is not None and not _same_sets(router.logits(probe), chosen.reshape(PROBE_TOKENS, -1)):
+            router = BlockChoice(router, block, experts, dtype)
+        routers.append(router)
+    return routers
 
 
 def router_logits(loaded: LoadedModel) -> list[RouterLogits]:
-    """Each MoE layer's router as the map the ``gate`` policy applies: hidden states to logits."""
-    return [router.logits for router in find_routers(loaded)]
+    """Each MoE layer's router as the map the ``gate`` policy applies: hidden states to scores
+    whose top-k is the block's choice."""
+    return [router.logits for router in choice_routers(loaded)]
+
+
+def _blocks(loaded: LoadedModel) -> list[nn.Module]:
+    """The MoE block of each experts module: the module that holds it."""
+    parents = {id(child): parent for parent in loaded.model.modules() for child in parent.children()}
+    return [parents[id(module)] for module in loaded.experts]
+
+
+class _Chosen(Exception):
+    """Raised by an experts module's pre-hook to end its block's forward once the block has chosen."""
+
+    def __init__(self, experts: torch.Tensor) -> None:
+        super().__init__("the block has chosen its experts")
+        self.experts = experts
+
+
+def chosen_experts(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The expert indices among an experts module's call arguments (transformers' experts
+    interface: ``(hidden_states, top_k_index, top_k_weights)``, under a few names)."""
+    return args[1] if len(args) > 1 else next(kwargs[k] for k in _INDEX_KWARGS if k in kwargs)
+
+
+@torch.no_grad()
+def run_to_choice(block: nn.Module, experts: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
+    """The experts ``block`` chooses for ``hidden`` ``[..., hidden_size]``: its forward runs until
+    it calls ``experts``, which never run. ``None``: the block returned without calling them."""
+
+    def stop(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        raise _Chosen(chosen_experts(args, kwargs))
+
+    # First among the hooks: a trace recorder's on the same module must not see this call.
+    handle = experts.register_forward_pre_hook(stop, with_kwargs=True, prepend=True)
+    try:
+        block.forward(hidden.reshape(1, -1, hidden.shape[-1]).to(next(block.parameters()).device))
+    except _Chosen as chosen:
+        return chosen.experts
+    finally:
+        handle.remove()
+    return None
+
+
+def _same_sets(logits: torch.Tensor, chosen: torch.Tensor) -> bool:
+    """Whether each row's ``chosen`` experts are the top-k of its ``logits``."""
+    top = logits.topk(chosen.shape[-1], dim=-1).indices.sort(dim=-1).values
+    return torch.equal(top.cpu(), chosen.long().sort(dim=-1).values.cpu())
 
 
 def _router_beside(block: nn.Module, experts_module: nn.Module, experts: int, hidden: int) -> Router:

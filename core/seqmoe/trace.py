@@ -28,13 +28,12 @@ from transformers import DynamicCache
 
 from .errors import SeqMoEError
 from .loader import LoadedModel
-from .routers import Router, find_routers
+from .routers import Router, chosen_experts, find_routers
 from .user_files import check_output, writing
 
 FORMAT_VERSION = 1
 SHARD_TOKENS = 8192
 PREFILL_CHUNK = 128
-_INDEX_KWARGS = ("top_k_index", "router_indices", "selected_experts")
 
 
 def model_identity(loaded: LoadedModel) -> dict[str, object]:
@@ -68,9 +67,8 @@ class RoutingRecorder:
     def _experts_hook(self, index: int) -> Callable:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             hidden = args[0] if args else kwargs["hidden_states"]
-            chosen = args[1] if len(args) > 1 else next(kwargs[k] for k in _INDEX_KWARGS if k in kwargs)
             self.hidden[index] = hidden.detach().to("cpu", torch.float16)
-            self.experts[index] = chosen.detach().to("cpu", torch.int16)
+            self.experts[index] = chosen_experts(args, kwargs).detach().to("cpu", torch.int16)
 
         return hook
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from seqmoe.cli import main
+from seqmoe.loader import LoadedModel
+from seqmoe.routers import chosen_experts
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 transformers.utils.logging.set_verbosity_error()
@@ -159,6 +162,28 @@ def build_model(folder: Path, config: transformers.PretrainedConfig, seed: int =
     model.save_pretrained(folder)
     save_tokenizer(folder)
     return folder
+
+
+def experts_inputs_and_choices(loaded: LoadedModel, input_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each MoE layer's input and chosen experts in one forward pass over ``input_ids``, exactly as
+    the block hands them to its experts (not the trace's float16 record: near ties must not flip)."""
+    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def capture(layer: int) -> Callable:
+        def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            seen[layer] = (hidden.clone(), chosen_experts(args, kwargs).clone())
+
+        return hook
+
+    handles = [e.register_forward_pre_hook(capture(layer), with_kwargs=True) for layer, e in enumerate(loaded.experts)]
+    try:
+        with torch.no_grad():
+            loaded.model(input_ids=torch.tensor([input_ids]))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [seen[layer] for layer in range(len(loaded.experts))]
 
 
 def store_experts_as_mxfp4(folder: Path, seed: int = 0) -> Path:

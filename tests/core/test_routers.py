@@ -11,10 +11,10 @@ from torch import nn
 
 from seqmoe import load_model
 from seqmoe.errors import SeqMoEError
-from seqmoe.routers import find_routers
+from seqmoe.routers import BlockChoice, LinearRouter, choice_routers, find_routers, router_logits
 from seqmoe.trace import RoutingRecorder
 
-from .conftest import FAMILIES
+from .conftest import FAMILIES, experts_inputs_and_choices
 
 # Routers that choose the top-k of their logits; deepseek_v3 first picks expert groups and
 # afmoe adds a learned bias to the choice, so their choice may differ from the logits' top-k.
@@ -33,6 +33,25 @@ def test_the_found_router_ranks_the_chosen_experts_first(tiny_models: dict[str, 
     chosen = record["probs"].float().gather(-1, record["experts"].long())
     kth_best = record["probs"].float().topk(k, dim=-1).values[..., -1:]
     assert (chosen >= kth_best - 1e-3).all()
+
+
+# Gemma 4 hands its experts one norm of the residual stream and its router another, with a
+# scale of its own: given the experts' input, as the engine gives it, the look-ahead there is
+# the peers' approximation, not the block's choice.
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"gemma4"}))
+def test_the_gate_look_ahead_ranks_first_exactly_the_experts_each_block_chooses(tiny_models: dict[str, Path], family: str) -> None:
+    loaded = load_model(str(tiny_models[family]), device="cpu")
+    for scores, (hidden, chosen) in zip(router_logits(loaded), experts_inputs_and_choices(loaded, torch.arange(2, 40).tolist()), strict=True):
+        ranked = scores(hidden).topk(chosen.shape[-1], dim=-1).indices
+        assert torch.equal(ranked.sort(dim=-1).values, chosen.long().sort(dim=-1).values)
+
+
+def test_only_a_block_whose_choice_is_not_its_logits_top_k_is_run_for_the_look_ahead(tiny_models: dict[str, Path]) -> None:
+    # Running a block costs its router's corrections and perhaps its shared experts; a plain
+    # router's look-ahead is one matrix product.
+    assert all(isinstance(r, LinearRouter) for r in choice_routers(load_model(str(tiny_models["mixtral"]), device="cpu")))
+    for family in ("deepseek_v3", "afmoe"):
+        assert all(isinstance(r, BlockChoice) for r in choice_routers(load_model(str(tiny_models[family]), device="cpu")))
 
 
 class _Block(nn.Module):

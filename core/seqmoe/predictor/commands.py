@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from ..engine import Engine, Sampling
 from ..errors import SeqMoEError
-from ..routers import find_routers
+from ..routers import router_logits
 from ..trace import (
     chat_tokenizer,
     iter_traces,
@@ -73,7 +73,7 @@ def run_eval(engine: Engine, args: argparse.Namespace) -> int:
     frequency = torch.tensor(predictor.config.frequency)
     scorers = {
         "seqmoe": predictor_scorer(predictor, positions),
-        "gate": gate_scorer(find_routers(loaded), positions),
+        "gate": gate_scorer(router_logits(loaded), positions),
         "freq": frequency_scorer(frequency, positions),
         "prev": previous_token_scorer(frequency, positions),
     }

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..routers import Router
+from ..routers import RouterLogits
 from .model import ExpertPredictor
 from .samples import Positions
 
@@ -69,7 +69,7 @@ def predictor_scorer(predictor: ExpertPredictor, positions: Positions) -> Scorer
     return score
 
 
-def gate_scorer(routers: list[Router], positions: Positions) -> Scorer:
+def gate_scorer(routers: list[RouterLogits], positions: Positions) -> Scorer:
     @torch.inference_mode()
     def score(batch: torch.Tensor) -> torch.Tensor:
         hidden = positions.hidden[batch]
@@ -79,7 +79,7 @@ def gate_scorer(routers: list[Router], positions: Positions) -> Scorer:
             target = (layer + h + 1) % positions.num_layers
             for j in target.unique().tolist():
                 rows = (target == j).nonzero().squeeze(1)
-                scores[rows, h] = routers[j].logits(hidden[rows]).cpu()
+                scores[rows, h] = routers[j](hidden[rows]).cpu()
         return scores
 
     return score
