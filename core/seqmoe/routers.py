@@ -95,7 +95,7 @@ class BlockChoice:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., num_experts]`` scores for ``hidden`` ``[..., hidden_size]``, in float32."""
         logits = self.router.logits(hidden)
-        chosen = run_to_choice(self.block, self.experts, hidden.to(self.dtype))
+        chosen = _run_to_choice(self.block, self.experts, hidden.to(self.dtype))
         if chosen is None:  # the block skipped its experts for this input; its router is all there is
             return logits
         mask = torch.zeros_like(logits, dtype=torch.bool)
@@ -124,13 +124,11 @@ def choice_routers(loaded: LoadedModel) -> list[Router | BlockChoice]:
     states is not its logits' top-k (a plain router stays: it costs one matrix product)."""
     hidden = loaded.config.get_text_config().hidden_size
     dtype = loaded.model.get_input_embeddings().weight.dtype  # the hidden states' dtype, from the first layer on
+    probe = torch.randn(PROBE_TOKENS, hidden, generator=torch.Generator().manual_seed(0)).to(dtype)
     routers: list[Router | BlockChoice] = []
     for block, experts, router in zip(_blocks(loaded), loaded.experts, find_routers(loaded)):
-        weight = next(block.parameters())
-        probe = torch.randn(PROBE_TOKENS, hidden, generator=torch.Generator().manual_seed(0))
-        probe = probe.to(weight.device, dtype)
         try:
-            chosen = run_to_choice(block, experts, probe)
+            chosen = _run_to_choice(block, experts, probe)
         except Exception:  # a block that needs more than hidden states (ZAYA1's router state) keeps its router
             chosen = None
         if chosen is not None and not _same_sets(router.logits(probe), chosen.reshape(PROBE_TOKENS, -1)):
@@ -166,7 +164,7 @@ def chosen_experts(args: tuple, kwargs: dict) -> torch.Tensor:
 
 
 @torch.no_grad()
-def run_to_choice(block: nn.Module, experts: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
+def _run_to_choice(block: nn.Module, experts: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
     """The experts ``block`` chooses for ``hidden`` ``[..., hidden_size]``: its forward runs until
     it calls ``experts``, which never run. ``None``: the block returned without calling them."""
 
