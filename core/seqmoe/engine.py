@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -30,7 +31,7 @@ from .cache import ExpertCache
 from .errors import BudgetTooSmall, SeqMoEError
 from .events import EventBus, TokenGenerated
 from .loader import LoadedModel
-from .routers import router_logits
+from .routers import RouterLogits, router_logits
 from .policies import (
     ORACLE_NEXT,
     ORACLES,
@@ -232,7 +233,7 @@ class Engine:
         if name == "lru":
             return LRUPolicy(experts)
         if name == "gate":
-            return GatePolicy(router_logits(self.loaded), experts, top_k)
+            return GatePolicy(self._look_ahead, experts, top_k)
         if name == "seqmoe":
             predictor = self.predictor()
             if predictor is None:
@@ -250,8 +251,14 @@ class Engine:
 
     def _gate_forecaster(self) -> Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor]:
         """Until a predictor is calibrated: the next layer's router on this hidden state, horizon 1."""
-        routers = router_logits(self.loaded)
+        routers = self._look_ahead
         return lambda hidden, layer, routed: next_layer_distribution(routers, layer, hidden).unsqueeze(0)
+
+    @cached_property
+    def _look_ahead(self) -> list[RouterLogits]:
+        """Each MoE layer's router as the look-ahead applies it; found, and each block tried, once
+        for the model, not at every ``configure`` (the bench configures for each run)."""
+        return router_logits(self.loaded)
 
     @property
     def forecast_horizon(self) -> int | None:
