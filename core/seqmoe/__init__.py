@@ -14,7 +14,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import importlib
 from typing import TYPE_CHECKING
 
-from .errors import BudgetTooSmall, ModelRefused, SeqMoEError
+from .errors import BudgetTooSmall, ModelCodeFailed, ModelRefused, SeqMoEError
 
 if TYPE_CHECKING:
     from .engine import Engine, GenerationResult, Sampling
@@ -45,6 +45,7 @@ __all__ = [
     "GenerationResult",
     "GenerationStats",
     "LoadedModel",
+    "ModelCodeFailed",
     "ModelRefused",
     "Sampling",
     "SeqMoEError",

@@ -9,12 +9,14 @@ given another policy between two generations without reloading the model.
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
@@ -28,7 +30,7 @@ from .budget import (
     kv_cache_bytes,
 )
 from .cache import ExpertCache
-from .errors import BudgetTooSmall, SeqMoEError
+from .errors import BudgetTooSmall, ModelCodeFailed, SeqMoEError
 from .events import EventBus, TokenGenerated
 from .loader import LoadedModel
 from .routers import RouterLogits, router_logits
@@ -378,6 +380,14 @@ class Engine:
             raise SeqMoEError(
                 f"the {self.device.type} ran out of memory while generating; choose a smaller VRAM budget"
             ) from None
+        except Exception as error:
+            if not _raised_in_transformers(error):
+                raise
+            text = str(error).strip().splitlines()[0] if str(error).strip() else "no message"
+            raise ModelCodeFailed(
+                f"{type(self.loaded.model).__name__}'s code in transformers {transformers.__version__} failed while "
+                f"generating ({type(error).__name__}: {text}); another transformers version may run this model"
+            ) from error
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
@@ -441,6 +451,18 @@ class Engine:
         self.policy_name = "none"
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _raised_in_transformers(error: Exception) -> bool:
+    """Whether the deepest frame of ``error`` that is transformers' or seqmoe's is transformers':
+    the model's own code failed, not the engine's hooks it calls (frames of torch or of a caller's
+    callback below either do not count)."""
+    owners = {"transformers": Path(transformers.__file__).parent, "seqmoe": Path(__file__).parent}
+    deepest = None
+    for frame in traceback.extract_tb(error.__traceback__):
+        path = Path(frame.filename)
+        deepest = next((name for name, folder in owners.items() if path.is_relative_to(folder)), deepest)
+    return deepest == "transformers"
 
 
 def _system_in_first_user_turn(messages: list[dict[str, str]]) -> list[dict[str, str]] | None:

@@ -11,3 +11,8 @@ class ModelRefused(SeqMoEError):
 
 class BudgetTooSmall(SeqMoEError):
     """The cache budget leaves fewer expert slots than one layer needs."""
+
+
+class ModelCodeFailed(SeqMoEError):
+    """The model's own code in transformers failed while running: its type does not run with the
+    installed transformers, whatever the cache does."""

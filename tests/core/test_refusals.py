@@ -251,3 +251,41 @@ def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [f"seqmoe: error: no such model folder: {tmp_path / 'absent'}"]
+
+
+def test_a_failure_in_the_models_own_code_is_one_line_and_the_engine_stays_usable(
+    capsys: pytest.CaptureFixture[str], mixtral_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from seqmoe import Engine, ModelCodeFailed, Sampling
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("this attention cannot run on such a cache\nsecond line")
+
+    attention = transformers.models.mixtral.modeling_mixtral.MixtralAttention
+    with monkeypatch.context() as patch:
+        patch.setattr(attention, "forward", broken)
+        assert_refused(capsys, mixtral_dir, "MixtralForCausalLM's code in transformers", transformers.__version__,
+                       "ValueError: this attention cannot run on such a cache")
+        engine = Engine(load_model(str(mixtral_dir), device="cpu"))
+        engine.configure("seqmoe", cache_ratio=0.5)
+        with pytest.raises(ModelCodeFailed):
+            engine.generate([5, 6, 7], Sampling(max_new_tokens=4))
+    assert len(engine.generate([5, 6, 7], Sampling(max_new_tokens=4)).token_ids) == 4
+    engine.close()
+
+
+def test_a_failure_in_the_engines_own_code_is_not_blamed_on_the_model(
+    mixtral_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from seqmoe import Engine, Sampling
+    from seqmoe.cache import ExpertCache
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug in the cache")
+
+    engine = Engine(load_model(str(mixtral_dir), device="cpu"))
+    engine.configure("lru", cache_ratio=0.5)
+    monkeypatch.setattr(ExpertCache, "acquire", broken)
+    with pytest.raises(RuntimeError, match="a bug in the cache"):
+        engine.generate([5, 6, 7], Sampling(max_new_tokens=4))
+    engine.close()
