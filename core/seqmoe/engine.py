@@ -376,6 +376,9 @@ class Engine:
                 stopping_criteria=stopping,
                 pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
             )
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            seconds = time.perf_counter() - start
         except torch.OutOfMemoryError:
             raise SeqMoEError(
                 f"the {self.device.type} ran out of memory while generating; choose a smaller VRAM budget"
@@ -388,11 +391,10 @@ class Engine:
                 f"{type(self.loaded.model).__name__}'s code in transformers {transformers.__version__} failed while "
                 f"generating ({type(error).__name__}: {text}); another transformers version may run this model"
             ) from error
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        seconds = time.perf_counter() - start
-        if self.cache is not None:
-            self.cache.end_of_generation()
+        finally:
+            # Also after a failure: copies queued for the failed reply's next layers are not needed.
+            if self.cache is not None:
+                self.cache.end_of_generation()
         after = self._counters()
         counts = {key: after[key] - before[key] for key in after}
         token_ids = output[0, len(prompt_ids) :].tolist()

@@ -258,19 +258,28 @@ def test_a_failure_in_the_models_own_code_is_one_line_and_the_engine_stays_usabl
 ) -> None:
     from seqmoe import Engine, ModelCodeFailed, Sampling
 
-    def broken(*args: object, **kwargs: object) -> None:
-        raise ValueError("this attention cannot run on such a cache\nsecond line")
-
     attention = transformers.models.mixtral.modeling_mixtral.MixtralAttention
+    working = attention.forward
+    calls = {"left": 0}
+
+    def broken(*args: object, **kwargs: object) -> object:
+        calls["left"] -= 1
+        if calls["left"] < 0:
+            raise ValueError("this attention cannot run on such a cache\nsecond line")
+        return working(*args, **kwargs)
+
+    greedy = Sampling(max_new_tokens=8)
+    engine = Engine(load_model(str(mixtral_dir), device="cpu"))
+    expected = engine.generate([5, 6, 7], greedy).token_ids
+    engine.configure("seqmoe", cache_ratio=0.5)
     with monkeypatch.context() as patch:
         patch.setattr(attention, "forward", broken)
         assert_refused(capsys, mixtral_dir, "MixtralForCausalLM's code in transformers", transformers.__version__,
                        "ValueError: this attention cannot run on such a cache")
-        engine = Engine(load_model(str(mixtral_dir), device="cpu"))
-        engine.configure("seqmoe", cache_ratio=0.5)
+        calls["left"] = 3 * len(engine.loaded.experts)  # prefill and two decode steps, then it fails
         with pytest.raises(ModelCodeFailed):
-            engine.generate([5, 6, 7], Sampling(max_new_tokens=4))
-    assert len(engine.generate([5, 6, 7], Sampling(max_new_tokens=4)).token_ids) == 4
+            engine.generate([5, 6, 7], greedy)
+    assert engine.generate([5, 6, 7], greedy).token_ids == expected
     engine.close()
 
 
