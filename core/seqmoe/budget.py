@@ -68,9 +68,10 @@ class CacheGeometry:
     def _checked(self, slots: int, asked: str) -> int:
         if slots < self.minimum_slots:
             need = self.minimum_slots
+            why = f"top-k {self.top_k} + 1" if need == self.top_k + 1 else f"all its experts: top-k {self.top_k}"
             raise BudgetTooSmall(
                 f"{asked} leaves {slots} expert slots, below this model's minimum of {need} "
-                f"(top-k {self.top_k} + 1): it needs a cache ratio of at least "
+                f"({why}): it needs a cache ratio of at least "
                 f"{math.ceil(need / self.total_experts * 100) / 100:.2f} or a VRAM budget of at least "
                 f"{math.ceil(self.budget_bytes_for(need) / 2**30 * 100) / 100:.2f} GiB"
             )

@@ -107,6 +107,9 @@ def test_budget_below_minimum_names_the_minimum() -> None:
         geometry().slots_for_budget(16 * 2**20 + 2 * 2**20)
     with pytest.raises(BudgetTooSmall):
         geometry().slots_for_ratio(0.0)
+    # A layer whose top-k is every expert needs them all, not one more than there are.
+    with pytest.raises(BudgetTooSmall, match=r"minimum of 8 \(all its experts: top-k 8\)"):
+        geometry(total_experts=8, top_k=8).slots_for_ratio(0.5)
 
 
 def test_the_budget_sized_to_a_cuda_device_is_what_pytorch_holds_and_most_of_the_free_vram(
