@@ -214,7 +214,9 @@ class ExpertCache:
         """Grow or shrink the pool between two generations, keeping the most recently used experts.
 
         The old pool is freed before the new one is allocated, so the two never hold device
-        memory together; the kept experts are copied back from host memory.
+        memory together; the kept experts are copied back from host memory. When the device
+        has no memory for the new size, the pool is rebuilt at its old size, in the memory the
+        old one held, and the ``OutOfMemoryError`` is raised.
         """
         self._cancel_queued()
         while any(not self.copier.done(job) for job in self._queued.values()):
@@ -222,7 +224,7 @@ class ExpertCache:
         if self.pool.device.type == "cuda":
             torch.cuda.synchronize(self.pool.device)
         resident = sorted(self.pool.slot_of, key=self.policy.recency, reverse=True)
-        layout, device = self.pool.layout, self.pool.device
+        layout, device, previous = self.pool.layout, self.pool.device, self.pool.size
         for key in list(self._displaced):
             self._displacement_done(key)
         self._queued.clear()
@@ -230,8 +232,17 @@ class ExpertCache:
         del self.pool
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        self.pool = SlotPool(layout, size, device)
-        for slot, key in enumerate(resident[:size]):
+        try:
+            self.pool = SlotPool(layout, size, device)
+        except torch.OutOfMemoryError:
+            self.pool = SlotPool(layout, previous, device)
+            self._fill(resident)
+            raise
+        self._fill(resident)
+
+    def _fill(self, resident: Sequence[ExpertKey]) -> None:
+        """Copy the first of ``resident`` that fit into the new, empty pool."""
+        for slot, key in enumerate(resident[: self.pool.size]):
             for destination, source in zip(self.pool.destinations(slot), self.host.sources(key)):
                 destination.copy_(source)
             self.pool.assign(slot, key, None)
@@ -241,7 +252,10 @@ class ExpertCache:
         policy's forecasts are all queued, in their order)."""
         self._cancel_queued()
         if self.policy.speculative:
-            candidates = self._evictable()
+            # Without an admission rule, the victims must at least not be the forecast experts
+            # already here (least recently used, the next layer's are often the oldest).
+            forecast_keys = {f.key for f in forecasts}
+            candidates = [key for key in self._evictable() if key not in forecast_keys]
             for forecast in forecasts:
                 if forecast.key not in self.pool.slot_of and not self._prefetch(forecast.key, candidates, "decode", admit_all=True):
                     break
@@ -288,7 +302,9 @@ class ExpertCache:
         any forecast on an idle link, only near-certain ones on a link asked for many times
         what it carries.
         """
-        cost = (1.0 + victim_reuse) * self.link_load
+        # A cancel counts against the layer whose re-plan drops it, not the one that asked for the
+        # copy, so after a large cancel the smoothed load can dip below zero: no demand, not less.
+        cost = (1.0 + victim_reuse) * max(self.link_load, 0.0)
         return cost / (1.0 + cost)
 
     def stream(self, layer: int, order: Sequence[int]) -> None:
@@ -403,9 +419,14 @@ class ExpertCache:
 
     def end_of_generation(self) -> None:
         """The next decode layer does not follow this one in time, and the prefetches still queued
-        for it will not be needed by it: they are cancelled."""
+        for it will not be needed by it: they are cancelled. A generation that failed between a
+        layer's ``acquire`` and its ``release`` left that layer's slots pinned: they are released."""
         self._last_decode_layer_at = None
         self._cancel_queued()
+        for slot, pins in enumerate(self.pool.pins):
+            if pins:
+                self.pool.pins[slot] = 0
+                self.copier.release(slot)
 
     def _evictable(self) -> list[ExpertKey]:
         return [
@@ -419,7 +440,7 @@ class ExpertCache:
         if slot is None:
             slot = self.pool.free_slot()
         if slot is None:
-            slot = self._evict()
+            slot = self._evict(phase)
         job = CopyJob(
             key=key,
             slot=slot,
@@ -433,8 +454,8 @@ class ExpertCache:
         self._copies_this_layer += 1
         return slot
 
-    def _evict(self) -> int:
-        """Free the slot of the policy's choice among the evictable experts, for a demand load."""
+    def _evict(self, phase: str) -> int:
+        """Free the slot of the policy's choice among the evictable experts, for a demand load of ``phase``."""
         candidates = self._evictable()
         if not candidates:
             # Prefetches hold every unpinned slot: a demand load outranks them all.
@@ -447,7 +468,7 @@ class ExpertCache:
                 loading = list(self._queued.values())
                 if not loading:
                     raise RuntimeError("every cache slot is pinned; the cache is below its minimum size")
-                self.copier.wait(loading[0])
+                self.copier.wait(loading[0], phase)
                 self._settle_queued()
                 candidates = self._evictable()
         victim = self.policy.victim(candidates)

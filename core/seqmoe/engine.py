@@ -198,7 +198,6 @@ class Engine:
         try:
             self.cache.resize(slots)
         except torch.OutOfMemoryError:
-            self.cache.resize(previous)
             raise BudgetTooSmall(
                 f"the device ran out of memory for {slots} expert slots; the cache keeps its {previous} slots"
             ) from None

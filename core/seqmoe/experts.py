@@ -95,8 +95,8 @@ class OffloadedLayer:
         prefill = hidden.shape[0] > 1
         if len(needed) <= self.cache.size:
             slots = self.cache.acquire(self.layer, needed, prefill)
-            self._look_ahead(hidden, index, prefill)
             try:
+                self._look_ahead(hidden, index, prefill)
                 tensors, first = self.cache.pool.span(slots)
                 lookup = _slot_lookup(needed, [slot - first for slot in slots], index)
                 return self.base(SlotView(module, tensors), hidden, lookup[index], weights)

@@ -25,7 +25,7 @@ from .predictor.model import ExpertPredictor
 from .routers import RouterLogits
 from .store import ExpertLayout
 from .trace import Traces, document_runs
-from .transfer import CopyJob, ExpertKey, JobState, MeasuredStall, StallLog, take_queued
+from .transfer import CopyJob, ExpertKey, JobState, MeasuredStall, StallLog, copy_pairs, take_queued
 
 
 @dataclass(frozen=True)
@@ -165,8 +165,7 @@ class SimulatedCopier:
             self._start(*self._queue.popleft())
         for job in [j for j, finish in self._running.items() if finish <= self.clock.now]:
             del self._running[job]
-            for destination, source in job.pairs:
-                destination.copy_(source)
+            copy_pairs(job, torch.Tensor.copy_)
             job.state = JobState.DONE
             job.ready.set()
 

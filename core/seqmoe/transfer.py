@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
@@ -47,7 +48,9 @@ class CopyJob:
     key: ExpertKey
     slot: int
     pairs: list[tuple[torch.Tensor, torch.Tensor]]
-    """(device destination, host source) views, one per expert tensor."""
+    """(device destination, host source) views, one per expert tensor; emptied once the copy
+    is issued. The job outlives its copy (in the copier's records, in the slot table), and a
+    view would keep the whole slot pool alive after a resize freed it."""
     nbytes: int
     state: JobState = JobState.QUEUED
     urgent: bool = False
@@ -216,8 +219,7 @@ class EmulatedCopier:
                 self.bytes_copied += job.nbytes
             start = max(submitted_at, self._link_free_at)
             began = time.perf_counter()
-            for dst, src in job.pairs:
-                _memcpy(dst, src)
+            copy_pairs(job, _memcpy)
             # A memcpy slower than the modelled link makes the link that slow; a late
             # wake-up of this thread does not.
             busy = max(self.latency_s + job.nbytes / self.bytes_per_s, time.perf_counter() - began)
@@ -238,6 +240,13 @@ def take_queued(queue: deque[tuple[CopyJob, float]], job: CopyJob) -> tuple[Copy
             queue.remove(entry)
             return entry
     return None
+
+
+def copy_pairs(job: CopyJob, copy: Callable[[torch.Tensor, torch.Tensor], object]) -> None:
+    """``copy(destination, source)`` for each of ``job``'s pairs, which it then drops (see ``CopyJob.pairs``)."""
+    for destination, source in job.pairs:
+        copy(destination, source)
+    job.pairs = []
 
 
 def _memcpy(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -360,8 +369,7 @@ class CudaCopier:
                 self.stream.wait_event(released)
             began = torch.cuda.Event(enable_timing=True)
             began.record(self.stream)
-            for dst, src in job.pairs:
-                dst.copy_(src, non_blocking=True)
+            copy_pairs(job, lambda dst, src: dst.copy_(src, non_blocking=True))
             event = torch.cuda.Event(enable_timing=True)
             event.record(self.stream)
         job.cuda_event = event

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from collections import Counter
 
 import pytest
+import torch
 
+import seqmoe.cache
 from seqmoe import BudgetTooSmall, Engine, Sampling, load_model
 from seqmoe.events import (
     CacheSnapshot,
@@ -143,12 +147,66 @@ def test_resize_keeps_the_most_recently_used_experts(engine: Engine) -> None:
     assert len(kept) == engine.cache_slots
 
 
+def test_resize_frees_the_old_pool(engine: Engine) -> None:
+    engine.configure("seqmoe", cache_ratio=0.3)
+    engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=3))
+    old = [weakref.ref(tensor) for tensor in engine.cache.pool.tensors.values()]
+    engine.resize(cache_ratio=0.6)
+    gc.collect()
+    # The copies' records (the link's last job, CUDA's in-flight and stall queues) hold no views of it.
+    assert all(ref() is None for ref in old)
+
+
 def test_resize_below_the_minimum_is_refused_and_keeps_the_cache(engine: Engine) -> None:
     engine.configure("lru", cache_ratio=0.3)
     before = engine.cache_slots
     with pytest.raises(BudgetTooSmall, match="minimum"):
         engine.resize(cache_ratio=0.001)
     assert engine.cache_slots == before
+
+
+def test_a_grow_the_device_has_no_memory_for_keeps_the_cache_and_its_experts(
+    engine: Engine, reference: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine.configure("lru", cache_ratio=0.3)
+    prompt = engine.encode(PROMPT, chat=True)
+    engine.generate(prompt, Sampling(max_new_tokens=3))
+    before, kept = engine.cache_slots, dict(engine.cache.pool.slot_of)
+    real = seqmoe.cache.SlotPool
+
+    def pool(layout, size: int, device):  # noqa: ANN001
+        if size > before:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return real(layout, size, device)
+
+    monkeypatch.setattr(seqmoe.cache, "SlotPool", pool)
+    with pytest.raises(BudgetTooSmall, match=f"ran out of memory .* keeps its {before} slots"):
+        engine.resize(cache_ratio=0.6)
+    assert engine.cache_slots == before and set(engine.cache.pool.slot_of) == set(kept)
+    assert engine.generate(prompt, Sampling(max_new_tokens=TOKENS)).token_ids == reference
+
+
+@pytest.mark.parametrize("failing", [LayerRouted, ExpertsForecast])
+def test_a_generation_that_fails_inside_a_layer_leaves_none_of_its_slots_pinned(
+    engine: Engine, reference: list[int], failing: type
+) -> None:
+    engine.configure("seqmoe", cache_ratio=0.3)
+    seen = Counter()
+
+    def listener(event: object) -> None:
+        if isinstance(event, failing):
+            seen[failing] += 1
+            if seen[failing] == 20:  # in the reply, between a layer's acquire and its release
+                raise RuntimeError("a listener failed")
+
+    engine.events.subscribe(listener)
+    try:
+        with pytest.raises(RuntimeError, match="a listener failed"):
+            engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=TOKENS))
+    finally:
+        engine.events.unsubscribe(listener)
+    assert not any(engine.cache.pool.pins)
+    assert engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=TOKENS)).token_ids == reference
 
 
 def test_a_shorter_horizon_forecasts_fewer_layers_and_keeps_the_output(engine: Engine, reference: list[int]) -> None:

@@ -173,6 +173,38 @@ def test_gate_loads_every_guess_as_mixtral_offloading_does() -> None:
     cache.copier.close()
 
 
+def test_gate_evicts_none_of_its_guesses_to_load_another() -> None:
+    cache = make_cache(3, GatePolicy([], EXPERTS, top_k=2))
+    for layer, expert in [(1, 0), (2, 1)]:
+        cache.release(cache.acquire(layer, [expert], prefill=False))
+    slots = cache.acquire(0, [2], prefill=False)
+    # (1, 0) is the least recently used expert here, and one of the two guesses for layer 1.
+    cache.plan([Forecast((1, 0), 0.9, 1), Forecast((1, 3), 0.8, 1)])
+    cache.release(slots)
+    assert {(1, 0), (1, 3)} <= set(cache.pool.slot_of) and (2, 1) not in cache.pool.slot_of
+    cache.copier.close()
+
+
+def test_a_re_plan_that_cancels_many_copies_does_not_close_the_link_to_certain_ones() -> None:
+    clock = VirtualClock()
+    cache = virtual_cache(14, belady(), clock, seconds_per_copy=100.0)
+    for slot, layer in enumerate(range(LAYERS)):
+        cache.pool.assign(slot, (layer, 0), None)
+    steps = [
+        [],
+        [Forecast((layer, expert), 0.9, 2) for layer in (2, 3) for expert in (1, 2, 3)],  # on a link still idle
+        [],  # the next layer's re-plan cancels all those that have not started
+    ]
+    for layer, forecasts in enumerate(steps):
+        cache.release(cache.acquire(layer, [0], prefill=False))
+        cache.plan(forecasts)
+        clock.now += 1.0
+    issued = cache.prefetches.issued
+    cache.release(cache.acquire(3, [0], prefill=False))
+    cache.plan([Forecast((0, 1), 1.0, 1)])
+    assert cache.prefetches.issued == issued + 1
+
+
 def test_link_load_is_copy_time_per_second_of_compute_stalls_excluded() -> None:
     clock = VirtualClock()
     cache = virtual_cache(4, belady(), clock, seconds_per_copy=4.0)
