@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,4 +74,16 @@ def run_app(data_dir_override: Path | None, model: str | None) -> int:
     window = MainWindow(open_context(folder), model)
     window.show()
     window.start()
-    return app.exec()
+    return leave(window.context.client, app.exec())
+
+
+def leave(client: EngineClient, code: int) -> int:
+    """``code``, once the window has closed. An engine still inside one step that no cancel
+    reaches (a shard being read, a long prefill) when its wait ran out would make Qt abort the
+    process as its thread object is destroyed; the chats are saved as they go, so the process
+    ends at once instead, with ``code``."""
+    if client.thread_running:
+        logging.getLogger(__name__).warning("the engine did not stop in time; the app quits without waiting for it")
+        logging.shutdown()
+        os._exit(code)
+    return code

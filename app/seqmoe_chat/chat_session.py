@@ -5,10 +5,17 @@ A user message is in the database before it goes to the engine; a streaming repl
 saved at least every ``SAVE_INTERVAL_S`` and when it ends. Signals of a request that is
 no longer the active one (after Stop, Regenerate or an edit) are dropped, except for
 the statistics of a stopped reply, which arrive within a token of Stop.
+
+When the database refuses a write (a full disk, a read-only or locked file), the chat goes
+on: a message that could not be saved is not sent (the composer keeps it), a reply's
+changes are kept and written with the next write that succeeds, and ``sig_save_failed``
+says so once until writing works again.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sqlite3
 import time
 from dataclasses import dataclass
 
@@ -45,6 +52,7 @@ class ChatSession(QObject):
     sig_busy_changed = Signal(bool)
     sig_conversations_changed = Signal()  # titles or order of the conversation list
     sig_model_needed = Signal()  # a reply was asked for while no model is loaded or loading
+    sig_save_failed = Signal(str)  # the database refused a write (its reason); said once until one succeeds
 
     def __init__(self, store: ConversationStore, client: EngineClient, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -55,6 +63,8 @@ class ChatSession(QObject):
         self.stall_monitor = StallMonitor(self)
         self._active: _Reply | None = None
         self._stopped: dict[int, int] = {}  # request id -> message id, for late statistics
+        self._unsaved: dict[int, dict] = {}  # message id -> reply fields the database refused so far
+        self._save_failing = False
         worker = client.worker
         worker.sig_reply_streamed.connect(self._on_streamed)
         worker.sig_reply_finished.connect(self._on_finished)
@@ -88,14 +98,20 @@ class ChatSession(QObject):
         text = text.strip()
         if not text or self.busy:
             return False
-        if self.conversation_id is None or not self.store.exists(self.conversation_id):
-            self.new_conversation()
-        conversation = self.store.get(self.conversation_id)
-        message = self.store.add_message(conversation.id, conversation.current_leaf_id, USER, text, DONE)
-        if conversation.current_leaf_id is None and conversation.title == DEFAULT_TITLE:
-            self.store.rename(conversation.id, _title_from(text))
+        try:
+            if self.conversation_id is None or not self.store.exists(self.conversation_id):
+                self.new_conversation()
+            conversation = self.store.get(self.conversation_id)
+            message = self.store.add_message(conversation.id, conversation.current_leaf_id, USER, text, DONE)
+            if conversation.current_leaf_id is None and conversation.title == DEFAULT_TITLE:
+                self.store.rename(conversation.id, _title_from(text))
+        except sqlite3.Error as error:
+            self._save_failed(error)
+            return False
         self.sig_message_added.emit(message)
-        self.sig_message_added.emit(self._start_reply(conversation.id, message.id))
+        reply = self._start_reply(conversation.id, message.id)
+        if reply is not None:
+            self.sig_message_added.emit(reply)
         self.sig_conversations_changed.emit()
         return True
 
@@ -120,7 +136,11 @@ class ChatSession(QObject):
             return
         self.stop()
         original = self.store.message(message_id)
-        edited = self.store.add_message(original.conversation_id, original.parent_id, USER, text.strip(), DONE)
+        try:
+            edited = self.store.add_message(original.conversation_id, original.parent_id, USER, text.strip(), DONE)
+        except sqlite3.Error as error:
+            self._save_failed(error)
+            return
         self._start_reply(original.conversation_id, edited.id)
         self.sig_thread_changed.emit()
         self.sig_conversations_changed.emit()
@@ -131,7 +151,8 @@ class ChatSession(QObject):
         self.store.select_version(message_id)
         self.sig_thread_changed.emit()
 
-    def _start_reply(self, conversation_id: int, parent_id: int) -> Message:
+    def _start_reply(self, conversation_id: int, parent_id: int) -> Message | None:
+        """The reply's message, streaming; ``None`` when the database refused it (reported)."""
         conversation = self.store.get(conversation_id)
         prompt = [{"role": "system", "content": conversation.system_prompt}] if conversation.system_prompt else []
         prompt += [
@@ -139,7 +160,11 @@ class ChatSession(QObject):
             for entry in self.store.thread(conversation_id, leaf_id=parent_id)
             if entry.message.content
         ]
-        reply = self.store.add_message(conversation_id, parent_id, ASSISTANT, "", STREAMING)
+        try:
+            reply = self.store.add_message(conversation_id, parent_id, ASSISTANT, "", STREAMING)
+        except sqlite3.Error as error:
+            self._save_failed(error)
+            return None
         if self.client.model is None and not self.client.busy_loading:
             self.sig_model_needed.emit()
         request_id = self.client.generate(prompt, conversation.sampling)
@@ -157,7 +182,7 @@ class ChatSession(QObject):
         self.sig_reply_streamed.emit(reply.message_id, text, tokens)
         now = time.monotonic()
         if now - reply.saved_at >= SAVE_INTERVAL_S:
-            self.store.update_message(reply.message_id, content=text)
+            self._save(reply.message_id, content=text)
             reply.saved_at = now
 
     @Slot(int, object)
@@ -168,8 +193,8 @@ class ChatSession(QObject):
             self._finish(reply, state=state, content=result.text, stats=result.stats, model_id=result.model_id)
         elif request_id in self._stopped:
             message_id = self._stopped.pop(request_id)
-            self.store.update_message(message_id, stats=result.stats, model_id=result.model_id)
-            self.sig_message_changed.emit(self.store.message(message_id))
+            self._save(message_id, stats=result.stats, model_id=result.model_id)
+            self.sig_message_changed.emit(self._message(message_id))
 
     @Slot(int, str, str)
     def _on_failed(self, request_id: int, reason: str, text: str) -> None:
@@ -196,12 +221,35 @@ class ChatSession(QObject):
         stall_ms = self.stall_monitor.stop()
         if stats is not None:
             stats = {**stats, "gui_stall_ms": round(stall_ms, 1)}
-        self.store.update_message(
-            reply.message_id, content=content, state=state, error=error, stats=stats, model_id=model_id
-        )
-        self.sig_message_changed.emit(self.store.message(reply.message_id))
+        self._save(reply.message_id, content=content, state=state, error=error, stats=stats, model_id=model_id)
+        self.sig_message_changed.emit(self._message(reply.message_id))
         self.sig_busy_changed.emit(False)
         self.sig_conversations_changed.emit()
+
+    def _save(self, message_id: int, **fields: object) -> None:
+        """Change a reply's ``fields`` (``None``: unchanged) in the database, after any changes it
+        refused before; what it refuses now waits for the next write."""
+        pending = self._unsaved.setdefault(message_id, {})
+        pending.update((name, value) for name, value in fields.items() if value is not None)
+        try:
+            self._flush()
+        except sqlite3.Error as error:
+            self._save_failed(error)
+
+    def _flush(self) -> None:
+        for message_id, fields in list(self._unsaved.items()):
+            self.store.update_message(message_id, **fields)
+            del self._unsaved[message_id]
+        self._save_failing = False
+
+    def _save_failed(self, error: sqlite3.Error) -> None:
+        if not self._save_failing:
+            self._save_failing = True
+            self.sig_save_failed.emit(str(error))
+
+    def _message(self, message_id: int) -> Message:
+        """The message as stored, with the changes the database has not taken yet."""
+        return dataclasses.replace(self.store.message(message_id), **self._unsaved.get(message_id, {}))
 
 
 def _title_from(text: str) -> str:

@@ -46,20 +46,26 @@ class EngineClient(QObject):
         self._thread.start()
 
     @property
+    def thread_running(self) -> bool:
+        """Whether the engine's thread still runs (after ``shut_down``: it did not end in time)."""
+        return self._thread.isRunning()
+
+    @property
     def busy_loading(self) -> bool:
         return self.loading_id is not None
 
     def load(self, model: str, options: EngineOptions) -> int:
-        if self.loading_id is not None:
-            self.worker.cancel_through(self.loading_id)
+        self.cancel_load()
         self.model = None
         self.loading_id = next(self._ids)
         self.sig_load_requested.emit(self.loading_id, model, options)
         return self.loading_id
 
     def cancel_load(self) -> None:
+        """Give up the load asked for last, alone: a reply asked for before it, perhaps streaming
+        while the load waits behind it, goes on."""
         if self.loading_id is not None:
-            self.worker.cancel_through(self.loading_id)
+            self.worker.cancel(self.loading_id)
 
     def generate(self, messages: Messages, sampling: SamplingSettings) -> int:
         request_id = next(self._ids)

@@ -5,6 +5,7 @@ engine client and owns the menus and shortcuts."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import time
 
@@ -37,6 +38,8 @@ from .transcripts.export import write_export
 from .transcripts.json_format import TranscriptError, import_json
 from .transcripts.transcript import load_transcripts
 from .worker import ModelInfo
+
+log = logging.getLogger(__name__)
 
 STATUS_MESSAGE_MS = 6000
 
@@ -168,6 +171,7 @@ class MainWindow(QMainWindow):
         session.sig_busy_changed.connect(self._on_busy_changed)
         session.sig_conversations_changed.connect(self.refresh_conversations)
         session.sig_model_needed.connect(lambda: self.load_model(self.model_bar.chosen_model()))
+        session.sig_save_failed.connect(self._on_save_failed)
         self.chat.sig_edit_submitted.connect(session.resend_edited)
         self.chat.sig_regenerate_requested.connect(session.regenerate)
         self.chat.sig_version_requested.connect(session.select_version)
@@ -253,6 +257,14 @@ class MainWindow(QMainWindow):
         if self.session.send(text):
             self.composer.clear()
 
+    def _on_save_failed(self, reason: str) -> None:
+        dialogs.show_error(
+            self, "The chat could not be saved",
+            f"The chat database refused a write ({reason}). Replies stay on screen and are saved with "
+            f"the next write that succeeds; a message that could not be saved stays in the box below. "
+            f"Free some disk space, or check that {self.context.data_dir} can be written.",
+        )
+
     def _show_thread(self) -> None:
         conversation_id = self.session.conversation_id
         exists = conversation_id is not None and self.store.exists(conversation_id)
@@ -318,7 +330,7 @@ class MainWindow(QMainWindow):
     def load_model(self, model: str) -> None:
         self._model = model
         self.settings.remember_model(model)
-        self.context.settings_store.save(self.settings)
+        self._save_settings()
         self._load_id = self.client.load(model, self.settings.engine)
         self.model_bar.show_loading("Starting", 0.0)
         self.status.show_model(None, "Loading the model…")
@@ -401,7 +413,7 @@ class MainWindow(QMainWindow):
         for themed in self.theme_actions.actions():
             themed.setChecked(themed.text().lower() == theme)
         apply_theme(QApplication.instance(), theme)
-        self.context.settings_store.save(self.settings)
+        self._save_settings()
 
     def _on_color_scheme_changed(self) -> None:
         if self.settings.theme == "system":
@@ -415,10 +427,24 @@ class MainWindow(QMainWindow):
         self.splitter.restoreState(QByteArray.fromBase64(self.settings.splitter_state.encode()))
 
     def save_layout(self) -> None:
+        """Kept for the next start; called as the window closes, so a failure is only logged."""
         self.settings.window_geometry = bytes(self.saveGeometry().toBase64()).decode()
         self.settings.window_state = bytes(self.saveState().toBase64()).decode()
         self.settings.splitter_state = bytes(self.splitter.saveState().toBase64()).decode()
-        self.context.settings_store.save(self.settings)
+        self._save_settings(report=False)
+
+    def _save_settings(self, report: bool = True) -> None:
+        """Write the settings; a folder that refuses them (full, read-only) is logged and, with
+        ``report``, shown: the settings still apply until the app quits."""
+        store = self.context.settings_store
+        try:
+            store.save(self.settings)
+        except OSError as error:
+            log.warning("the settings could not be saved to %s: %s", store.path, error)
+            if report:
+                dialogs.show_error(self, "The settings could not be saved",
+                                   f"{store.path} could not be written ({error.strerror or error}). "
+                                   "The settings apply until the app quits.")
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.session.stop()

@@ -3,6 +3,7 @@ edit and resend, copy, system prompt and sampling, failures."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
 
 from PySide6.QtCore import Qt
@@ -183,6 +184,37 @@ def test_an_engine_failure_mid_reply_is_shown_and_the_worker_stays_ready(qtbot, 
     assert {"role": "assistant", "content": "You said: Break "} in backend.prompts[-1]
 
 
+def test_a_full_disk_loses_no_reply_and_no_message(qtbot, window, backend, monkeypatch) -> None:
+    full = sqlite3.OperationalError("database or disk is full")
+    update, add = window.store.update_message, window.store.add_message
+
+    def refuse(*args, **kwargs):
+        raise full
+
+    backend.token_delay_s = 0.01
+    monkeypatch.setattr(window.store, "update_message", refuse)
+    send(qtbot, window, "Hello")
+    wait_idle(qtbot, window)
+    reply = list(window.chat.widgets.values())[1]
+    assert reply.body.source_text == reply_for([{"role": "user", "content": "Hello"}])
+    assert window.composer.send_button.isEnabled() and not window.action_stop.isEnabled()
+    boxes = window.findChildren(QMessageBox, "errorMessage")
+    assert len(boxes) == 1 and "database or disk is full" in boxes[0].text()  # once, not at every save
+    boxes[0].close()
+    # Space is freed: the next message is saved, and the reply the disk refused with it.
+    monkeypatch.setattr(window.store, "update_message", update)
+    send(qtbot, window, "Again")
+    wait_idle(qtbot, window)
+    assert [state for _, _, state in stored(window)] == [DONE] * 4
+    assert stored(window)[1][1] == reply_for([{"role": "user", "content": "Hello"}])
+    # A message the disk refuses is not sent, and stays in the box.
+    monkeypatch.setattr(window.store, "add_message", refuse)
+    send(qtbot, window, "Lost?")
+    assert window.composer.text() == "Lost?" and not window.session.busy
+    qtbot.waitUntil(lambda: len(window.findChildren(QMessageBox, "errorMessage")) == 1, timeout=5000)
+    monkeypatch.setattr(window.store, "add_message", add)
+
+
 def test_running_out_of_memory_suggests_a_smaller_vram_budget(qtbot, window, backend) -> None:
     backend.fail_after, backend.failure = 1, MemoryError()
     send(qtbot, window, "Big reply")
@@ -239,6 +271,20 @@ def test_a_reply_waiting_for_the_model_waits_for_the_one_chosen_meanwhile(qtbot,
     window.load_model("")  # another choice while the first load runs: that one is given up
     wait_idle(qtbot, window)
     assert stored(window)[-1][2] == DONE and model_shown(window)
+
+
+def test_giving_up_models_chosen_while_a_reply_streams_lets_the_reply_finish(qtbot, window, backend) -> None:
+    backend.token_delay_s, backend.repeat = 0.02, 4
+    send(qtbot, window, "Tell me everything")
+    reply = list(window.chat.widgets.values())[1]
+    qtbot.waitUntil(lambda: len(reply.body.source_text) > 10, timeout=5000)
+    # Both loads wait behind the reply; the second gives up the first, Cancel Loading the second.
+    window.load_model("another-model")
+    window.load_model("a-third-model")
+    window.action_cancel_load.trigger()
+    wait_idle(qtbot, window)
+    assert stored(window)[1][2] == DONE and stored(window)[1][1] == reply.body.source_text
+    assert [engine.loaded.path.name for engine in backend.engines] == ["seqmoe-demo"]
 
 
 def test_a_long_loading_stage_is_elided_and_does_not_widen_the_window(qtbot, make_window, backend) -> None:

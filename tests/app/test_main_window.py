@@ -3,6 +3,7 @@ export and import, themes, restoring the layout, and starting again on the same 
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -190,3 +191,15 @@ def test_settings_set_the_defaults_of_new_chats_and_the_theme(qtbot, window, bac
     assert (sampling.greedy, sampling.temperature, sampling.top_p, sampling.max_new_tokens, sampling.seed) == (
         False, 1.3, 0.7, 64, 5)
     assert window.store.get(window.session.conversation_id).sampling.max_new_tokens == 64
+
+
+def test_a_settings_folder_that_refuses_writes_is_reported_and_the_app_runs_and_quits(qtbot, make_window, monkeypatch) -> None:
+    def refuse(settings) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    # From the first save on: the model chosen at the start is saved before it loads.
+    window = make_window(on_built=lambda built: monkeypatch.setattr(built.context.settings_store, "save", refuse))
+    box = window.findChild(QMessageBox, "errorMessage")
+    assert box is not None and "No space left on device" in box.text()
+    window.close()  # the layout's save fails too, and the engine's thread still ends
+    assert not window.client._thread.isRunning()

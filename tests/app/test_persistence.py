@@ -50,3 +50,15 @@ def test_killing_the_app_mid_reply_loses_at_most_the_last_second(qtbot, make_win
     widgets = list(window.chat.widgets.values())
     assert widgets[1].message.state == INTERRUPTED and "interrupted" in widgets[1].note.text()
     assert widgets[1].body.source_text == reply.content
+
+
+def test_quitting_while_the_engine_is_inside_a_long_step_ends_the_app_cleanly(data_dir: Path) -> None:
+    # Without leave(), Qt aborts the process (SIGABRT) as it destroys the engine's running thread.
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.app.quit_target", str(data_dir)],
+        cwd=ROOT, capture_output=True, text=True, env={**os.environ}, timeout=25,
+    )
+    assert child.returncode == 0, child.stderr
+    store = ConversationStore(open_database(data_dir / "chats.sqlite3").connection)
+    (conversation,) = store.summaries()
+    assert [(e.message.role, e.message.content) for e in store.thread(conversation.id)][0] == (USER, "Are you there?")

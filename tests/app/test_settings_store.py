@@ -73,6 +73,22 @@ def test_version_1_in_the_chat_database_migrates_to_the_file(tmp_path: Path) -> 
     assert SettingsStore(path, connection).load().theme == "light"
 
 
+def test_a_migration_the_folder_cannot_take_still_gives_the_migrated_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    connection = open_database(tmp_path / "chats.sqlite3").connection
+    connection.execute("INSERT INTO settings (key, value) VALUES ('theme', '\"light\"')")
+
+    def full_disk(*_args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    path = tmp_path / SETTINGS_NAME
+    assert SettingsStore(path, connection).load().theme == "light"
+    monkeypatch.undo()
+    assert not path.exists() and SettingsStore(path, connection).load().theme == "light" and path.exists()
+
+
 def test_unknown_and_wrong_values_keep_their_defaults(tmp_path: Path) -> None:
     path = tmp_path / SETTINGS_NAME
     path.write_text(json.dumps({

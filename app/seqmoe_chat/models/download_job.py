@@ -94,9 +94,9 @@ def run(repo_id: str, revision: str, staging: Path, target: Path, report: Report
     except Exception as error:  # noqa: BLE001 - describe() re-raises what it does not know
         raise describe(error, repo_id, revision) from None
     commit = info.sha or revision
-    staging.mkdir(parents=True, exist_ok=True)
-    _start_commit(staging, repo_id, revision, commit)
     files = remote_files(info.siblings or [])
+    staging.mkdir(parents=True, exist_ok=True)
+    _start_commit(staging, repo_id, revision, commit, files)
     index = None
     if INDEX_FILE in files:
         try:
@@ -168,16 +168,21 @@ def _fetch(repo_id: str, commit: str, file: RemoteFile, staging: Path, endpoint:
     os.replace(part, staging / file.path)
 
 
-def _start_commit(staging: Path, repo_id: str, revision: str, commit: str) -> None:
-    """Partial files of another commit are not a prefix of this one's: drop them."""
+def _start_commit(staging: Path, repo_id: str, revision: str, commit: str, files: dict[str, RemoteFile]) -> None:
+    """Files of another commit than ``commit`` (the hub's listing ``files``) may differ from this
+    one's, even at the same size: its partial files are dropped, and its finished files unless the
+    hub gives a SHA-256 that ``_verify`` will check them against (the weights, kept)."""
     source = staging / SOURCE_FILE
     try:
         previous = read_json(source, SOURCE_FORMAT, SOURCE_VERSION)
     except StoredFileError:
         previous = None
     if previous is not None and previous.get("commit") != commit:
-        for part in staging.glob("*" + PART_SUFFIX):
-            part.unlink()
+        for path in staging.rglob("*"):
+            name = path.relative_to(staging).as_posix()
+            remote = files.get(name)
+            if path.is_file() and path != source and (remote is None or remote.sha256 is None):
+                path.unlink()
     write_json(source, SOURCE_FORMAT, SOURCE_VERSION, {"repo_id": repo_id, "revision": revision, "commit": commit})
 
 
@@ -189,22 +194,29 @@ def _finish_source(staging: Path) -> None:
 
 
 def _verify(staging: Path, files: Sequence[RemoteFile]) -> None:
-    """Sizes of every file and SHA-256 of those the hub gives one for; a bad file is removed."""
+    """Sizes of every file and SHA-256 of those the hub gives one for; every bad file is removed
+    (so that one retry fetches them all) and named."""
+    bad = []
     for file in files:
         path = staging / file.path
         size = path.stat().st_size
         if size != file.size:
-            path.unlink()
-            raise HubRefusal(VERIFY, f"{file.path} has {size} bytes, the hub lists {file.size}; it will be fetched again")
-        if file.sha256 is None:
+            bad.append(f"{file.path} has {size} bytes, the hub lists {file.size}")
+        elif file.sha256 is not None and _sha256(path) != file.sha256:
+            bad.append(f"{file.path} does not match the hub's checksum")
+        else:
             continue
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            while chunk := handle.read(HASH_CHUNK):
-                digest.update(chunk)
-        if digest.hexdigest() != file.sha256:
-            path.unlink()
-            raise HubRefusal(VERIFY, f"{file.path} does not match the hub's checksum; it will be fetched again")
+        path.unlink()
+    if bad:
+        raise HubRefusal(VERIFY, f"{'; '.join(bad)}; {'it' if len(bad) == 1 else 'they'} will be fetched again")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _check_loadable(staging: Path) -> None:

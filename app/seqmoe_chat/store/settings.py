@@ -163,7 +163,10 @@ class SettingsStore:
         settings = Settings.from_dict(migrate(values, version))
         if version < SCHEMA_VERSION:
             # Written once in the new layout; the old one is left as it was.
-            self.save(settings)
+            try:
+                self.save(settings)
+            except OSError as error:  # read again, and migrated again, at the next start
+                log.warning("%s could not be written in the new layout (%s)", self.path, error)
         return settings
 
     def save(self, settings: Settings) -> None:

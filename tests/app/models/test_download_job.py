@@ -56,3 +56,37 @@ def test_only_top_level_files_and_the_indexed_shards_are_chosen() -> None:
         "config.json", "model.safetensors.index.json", "tokenizer.model",
         "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
     ]
+
+
+def test_a_download_resumed_after_the_repository_moved_on_installs_the_new_commits_files(
+    hub, tmp_path: Path, tiny_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staging, target = tmp_path / "partial", tmp_path / "done"
+    refuse = HubRefusal(DISK_FULL, "stopped for the test after every file arrived")
+    with monkeypatch.context() as patched, pytest.raises(HubRefusal):
+        patched.setattr(download_job, "_check_loadable", lambda folder: (_ for _ in ()).throw(refuse))
+        download_job.run(TINY, "main", staging, target, download_job.Reporter(io.StringIO()))
+    # A new commit changes the config without changing its size (no checksum on the hub for it).
+    repo = hub.repos[TINY]
+    old = repo.files["config.json"]
+    new = old.replace(b'"eos_token_id": 2', b'"eos_token_id": 3')
+    assert new != old and len(new) == len(old)
+    repo.files["config.json"], repo.commit = new, "b" * 40
+    shards_fetched = len(hub.file_requests(".safetensors"))
+    download_job.run(TINY, "main", staging, target, download_job.Reporter(io.StringIO()))
+    assert (target / "config.json").read_bytes() == new
+    assert json.loads((target / SOURCE_FILE).read_text())["commit"] == "b" * 40
+    # The weights, checked against the hub's SHA-256, were kept, not fetched again.
+    assert len(hub.file_requests(".safetensors")) == shards_fetched
+
+
+def test_every_damaged_file_is_named_and_removed_at_once(tmp_path: Path) -> None:
+    from seqmoe_chat.models.repo_files import RemoteFile
+
+    (tmp_path / "a.safetensors").write_bytes(b"damaged")
+    (tmp_path / "b.safetensors").write_bytes(b"short")
+    (tmp_path / "config.json").write_bytes(b"{}")
+    files = [RemoteFile("a.safetensors", 7, "0" * 64), RemoteFile("b.safetensors", 9, None), RemoteFile("config.json", 2, None)]
+    with pytest.raises(HubRefusal, match="a.safetensors does not match .*; b.safetensors has 5 bytes, the hub lists 9; they"):
+        download_job._verify(tmp_path, files)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
