@@ -8,16 +8,17 @@ given another policy between two generations without reloading the model.
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 
 import torch
 import transformers
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from . import experts as experts_impl
@@ -134,6 +135,7 @@ class Engine:
         self._copier: Copier | None = None
         self._resident_accesses: torch.Tensor | None = None
         loaded.model.set_experts_implementation(experts_impl.IMPLEMENTATION)
+        experts_impl.follow_decode_switch(loaded.model, loaded.experts, loaded.base_implementation)
 
     @property
     def device(self) -> torch.device:
@@ -206,6 +208,8 @@ class Engine:
         if cache_ratio is not None and vram_budget_gb is not None:
             raise BudgetTooSmall("give either a cache ratio or a VRAM budget, not both")
         if vram_budget_gb is not None:
+            if not math.isfinite(vram_budget_gb):
+                raise BudgetTooSmall(f"the VRAM budget must be a number of GB, got {vram_budget_gb}")
             return self.geometry.slots_for_budget(int(vram_budget_gb * 2**30))
         return self.geometry.slots_for_ratio(1.0 if cache_ratio is None else cache_ratio)
 
@@ -373,6 +377,7 @@ class Engine:
                 top_k=None,
                 streamer=streamer,
                 stopping_criteria=stopping,
+                **_one_token_a_step(),
                 pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
             )
             if self.device.type == "cuda":
@@ -501,6 +506,20 @@ class _Streamer(BaseStreamer):
 
     def end(self) -> None:
         """Nothing to flush: tokens are delivered as they come."""
+
+
+@cache
+def _one_token_a_step() -> dict[str, object]:
+    """The ``generate`` arguments that undo what a model's ``generation_config.json`` may set to
+    decode otherwise than one greedy or sampled token a step (beam search, contrastive search,
+    assisted decoding, DoLa), which the engine's stream and its reference do not do: those of the
+    fields the installed transformers has."""
+    plain = GenerationConfig()
+    fields = {
+        "num_beams": 1, "num_beam_groups": 1, "constraints": None, "force_words_ids": None, "penalty_alpha": None,
+        "dola_layers": None, "prompt_lookup_num_tokens": None, "assistant_early_exit": None, "use_mtp": False,
+    }
+    return {name: value for name, value in fields.items() if hasattr(plain, name)}
 
 
 class _StopFlag(StoppingCriteria):

@@ -11,7 +11,8 @@ through the same kernel as in the unoffloaded model.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -24,6 +25,9 @@ IMPLEMENTATION = "seqmoe"
 _RUNTIME_ATTR = "_seqmoe_runtime"
 
 ExpertsFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+DECODE_IMPLEMENTATIONS = {"grouped_mm": "batched_mm"}
+"""What transformers' ``generate`` decodes with in place of an implementation off the CPU
+(``GenerationMixin._optimize_model_for_decode``: faster on one token a step)."""
 
 
 class SlotView:
@@ -144,6 +148,34 @@ def _slot_lookup(experts: list[int], slots: list[int], like: torch.Tensor) -> to
     lookup = torch.zeros(max(experts) + 1, dtype=torch.long)
     lookup[experts] = torch.tensor(slots, dtype=torch.long)
     return lookup.to(like.device, non_blocking=True)
+
+
+def follow_decode_switch(model: nn.Module, experts: Sequence[nn.Module], name: str) -> None:
+    """Make ``model``'s ``generate`` switch the base implementation ``name`` of its experts for the
+    decode steps as it switches an unoffloaded model's, so that each expert's rows still go through
+    the kernel they go through there. transformers sees the ``seqmoe`` implementation, which it
+    leaves alone, so its own switch is replaced on this model by one that follows the base."""
+    decode = DECODE_IMPLEMENTATIONS.get(name)
+
+    @contextmanager
+    def switched() -> Iterator[None]:
+        if decode is None or model.device.type == "cpu":  # transformers' own condition
+            yield
+            return
+        _set_base(experts, decode)
+        try:
+            yield
+        finally:
+            _set_base(experts, name)
+
+    model._optimize_model_for_decode = switched
+
+
+def _set_base(experts: Sequence[nn.Module], name: str) -> None:
+    for module in experts:
+        runtime = module.__dict__.get(_RUNTIME_ATTR)
+        if runtime is not None:
+            runtime.base = base_implementation(module, name)
 
 
 def seqmoe_experts_forward(

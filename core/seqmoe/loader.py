@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import (
     AutoConfig,
@@ -140,6 +141,8 @@ def read_config(path: Path) -> PretrainedConfig:
         raw = json.loads(config_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ModelRefused(f"{config_file} is not valid JSON: {error}") from None
+    if not isinstance(raw, dict):
+        raise ModelRefused(f"{config_file} is not a model config (a JSON object)")
     # A model may ship its own code (auto_map) for an architecture that transformers now
     # implements itself (DeepSeek-V2, Phi-3.5-MoE): then the built-in classes are used and the
     # shipped code is ignored, as transformers does without trust_remote_code. Otherwise the
@@ -235,6 +238,8 @@ def check_weights(path: Path) -> list[Path]:
     index = path / INDEX_FILE
     if index.is_file():
         shards = sorted(index_shards(_json_or_empty(index)))
+        if not shards:
+            raise ModelRefused(f"{INDEX_FILE} in {path} is damaged: it names no weight files")
         files = [path / shard for shard in shards]
     else:
         files = sorted(path.glob("*.safetensors"))
@@ -262,20 +267,32 @@ def _check_safetensors_size(file: Path) -> None:
             raise ModelRefused(f"weight file {file.name} is truncated or not safetensors")
         try:
             header = json.loads(handle.read(header_len))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            end = max((_data_end(t) for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, AttributeError, KeyError, TypeError):  # JSON errors are ValueErrors
             raise ModelRefused(f"weight file {file.name} has a corrupt header") from None
-    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
     if 8 + header_len + end > size:
         raise ModelRefused(
             f"weight file {file.name} is truncated: {size} bytes, its header promises {8 + header_len + end}"
         )
 
 
+def _data_end(tensor: dict) -> int:
+    """Where a header entry's bytes end; a ``TypeError`` for an entry that is no tensor's."""
+    start, end = tensor["data_offsets"]
+    if not isinstance(end, int) or not isinstance(start, int):
+        raise TypeError("data offsets are not integers")
+    return end
+
+
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except (OSError, ValueError, TypeError, KeyError) as error:
         raise ModelRefused(f"no usable tokenizer in {path}: {_first_line(error)}") from None
+    # Without any tokenizer file, transformers builds the model type's tokenizer with an empty vocabulary.
+    if not tokenizer("Hello", add_special_tokens=False)["input_ids"]:
+        raise ModelRefused(f"no usable tokenizer in {path}: it encodes no text (are its tokenizer files missing?)")
+    return tokenizer
 
 
 def top_k_of(config: PretrainedConfig) -> int:
@@ -331,7 +348,7 @@ def load_model(model: str, device: str = "auto", dtype: str | None = None, on_pr
         hf_model, info = AutoModelForCausalLM.from_pretrained(
             path, dtype=DTYPES[dtype] if dtype else "auto", trust_remote_code=False, output_loading_info=True, **options
         )
-    except (OSError, ValueError, RuntimeError, ImportError) as error:
+    except (OSError, ValueError, RuntimeError, ImportError, SafetensorError) as error:
         raise ModelRefused(f"loading the weights of {path.name} failed: {_first_line(error)}") from None
     if info["missing_keys"]:
         missing = sorted(info["missing_keys"])
@@ -343,6 +360,11 @@ def load_model(model: str, device: str = "auto", dtype: str | None = None, on_pr
         host = HostStore(experts, pin=target.type == "cuda")
     except ValueError as error:
         raise ModelRefused(f"{type(hf_model).__name__}: {error}; seqmoe needs one expert shape") from None
+    except RuntimeError as error:  # pinning: the driver could not lock that much host memory
+        raise ModelRefused(
+            f"the experts of {path.name} could not be pinned in host memory for fast copies ({_first_line(error)}); "
+            "close other programs to free RAM, or run on the CPU"
+        ) from None
     progress(f"Moving the other weights to {target.type}", 0.85)
     try:
         _place(hf_model, experts, host, target)

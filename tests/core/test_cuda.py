@@ -65,4 +65,5 @@ def test_offloaded_cuda_generation_matches_cuda_reference(tiny_models: dict[str,
             assert result.stats.link == "cuda" and result.stats.misses > 0
     finally:
         engine.close()
-    assert len(expected) == len(reference_tokens(tiny_models[family], greedy))
+    # transformers' own generate on the same GPU, which decodes grouped_mm models with batched_mm.
+    assert expected == reference_tokens(tiny_models[family], greedy, device_map="cuda")

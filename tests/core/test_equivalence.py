@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Mxfp4Config
+from transformers import AutoModelForCausalLM, Mxfp4Config, PreTrainedModel
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
 from seqmoe import Engine, Sampling, load_model
 from seqmoe.budget import kv_cache_bytes
+from seqmoe.events import LayerRouted
 
 from .conftest import FAMILIES, build_model, layers_that_differ, store_experts_as_mxfp4
 
@@ -19,7 +23,7 @@ NEW_TOKENS = 12
 
 def reference_tokens(folder: Path, sampling: Sampling, **options: object) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(folder, **options)
-    inputs = torch.tensor([PROMPT])
+    inputs = torch.tensor([PROMPT], device=model.device)
     if sampling.seed is not None:
         torch.manual_seed(sampling.seed)
     output = model.generate(
@@ -154,3 +158,57 @@ def test_a_model_whose_layers_differ_runs_and_reserves_each_layers_keys(tmp_path
         engine.close()
     # Two of the three layers keep half the heads' keys and values.
     assert 3 * kv_cache_bytes(layers_that_differ(), 100, 2) == 2 * kv_cache_bytes(layers_that_differ(None), 100, 2)
+
+
+class _ReportedCuda(str):
+    """A model's device as transformers' decode switch sees it (``cuda``) that tensors still move
+    to as ``cpu``: the switch, without a GPU."""
+
+    type = "cuda"
+
+
+def test_decode_steps_run_the_kernel_transformers_switches_to_off_the_cpu(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[str, bool]] = []
+    for name in ("grouped_mm", "batched_mm"):
+        kernel = ALL_EXPERTS_FUNCTIONS[name]
+        monkeypatch.setitem(ALL_EXPERTS_FUNCTIONS, name, lambda module, hidden, index, weights, kernel=kernel, name=name: (
+            calls.append((name, hidden.shape[0] > 1)) or kernel(module, hidden, index, weights)))
+    monkeypatch.setattr(PreTrainedModel, "device", property(lambda model: _ReportedCuda("cpu")))
+    greedy = Sampling(max_new_tokens=4)
+    expected = reference_tokens(tiny_models["qwen3_moe"], greedy)
+    seen_by_transformers, calls[:] = set(calls), []
+    assert seen_by_transformers == {("grouped_mm", True), ("batched_mm", False)}
+    engine = Engine(load_model(str(tiny_models["qwen3_moe"]), device="cpu"))
+    try:
+        for policy in ("full", "lru"):
+            engine.configure(policy)
+            assert engine.generate(PROMPT, greedy).token_ids == expected
+            assert set(calls) == seen_by_transformers, policy
+            calls.clear()
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("asks_for", [{"num_beams": 2}, {"prompt_lookup_num_tokens": 3}])
+def test_a_generation_config_asking_for_another_decoding_still_gets_one_token_a_step(
+    tiny_models: dict[str, Path], tmp_path: Path, asks_for: dict
+) -> None:
+    """Beam search (which cannot stream) and prompt-lookup decoding (several tokens a step, each
+    step a small prefill to the cache): what a model's generation_config.json may ask for."""
+    greedy = Sampling(max_new_tokens=6)
+    folder = shutil.copytree(tiny_models["qwen3_moe"], tmp_path / "model")
+    expected = reference_tokens(folder, greedy)
+    config = folder / "generation_config.json"
+    stored = json.loads(config.read_text()) if config.exists() else {}
+    config.write_text(json.dumps({**stored, **asks_for}))
+    engine = Engine(load_model(str(folder), device="cpu"))
+    prefill_layers: list[int] = []
+    engine.events.subscribe(lambda e: prefill_layers.append(e.layer) if isinstance(e, LayerRouted) and e.prefill else None)
+    try:
+        tokens: list[int] = []
+        assert engine.generate(PROMPT, greedy, on_token=tokens.append).token_ids == expected == tokens
+    finally:
+        engine.close()
+    assert prefill_layers == list(range(engine.loaded.host.num_layers))  # the prompt's pass only

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,9 @@ import pytest
 import torch
 import transformers
 
+import seqmoe.loader
+from seqmoe import ModelRefused, load_model
 from seqmoe.cli import main
-from seqmoe import load_model
 
 from .conftest import build_model
 
@@ -161,6 +163,42 @@ def test_missing_tokenizer(capsys: pytest.CaptureFixture[str], mixtral_dir: Path
     assert_refused(capsys, folder, "tokenizer")
 
 
+def test_a_model_whose_tokenizer_would_build_empty_without_its_files(
+    capsys: pytest.CaptureFixture[str], tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    folder = copy_model(tiny_models["qwen3_moe"], tmp_path / "notokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    assert_refused(capsys, folder, "no usable tokenizer", "it encodes no text")
+
+
+def _header(header: object, data: bytes = b"") -> bytes:
+    encoded = json.dumps(header).encode()
+    return struct.pack("<Q", len(encoded)) + encoded + data
+
+
+@pytest.mark.parametrize(("damage", "words"), [
+    ({"config.json": b"[1, 2]"}, ("not a model config",)),
+    ({"model.safetensors.index.json": b"{}"}, ("model.safetensors.index.json", "damaged")),
+    ({"model.safetensors": _header([1, 2])}, ("model.safetensors has a corrupt header",)),
+    ({"model.safetensors": _header({"w": {"dtype": "F32", "shape": [1], "data_offsets": "0-4"}}, b"abcd")},
+     ("model.safetensors has a corrupt header",)),
+    ({"model.safetensors": _header({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"abcd" * 3)},
+     ("loading the weights", "failed")),  # bytes beyond what the header covers: safetensors' own check
+])
+def test_damaged_files_are_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path, damage: dict[str, bytes], words: tuple[str, ...]
+) -> None:
+    folder = copy_model(mixtral_dir, tmp_path / "damaged")
+    for name, content in damage.items():
+        (folder / name).write_bytes(content)
+    assert_refused(capsys, folder, *words)
+
+
+def test_a_budget_that_is_no_number_is_refused(capsys: pytest.CaptureFixture[str], mixtral_dir: Path) -> None:
+    assert_refused(capsys, mixtral_dir, "the VRAM budget must be a number of GB, got inf", extra=("--vram-budget", "inf"))
+
+
 def test_budget_below_minimum(capsys: pytest.CaptureFixture[str], mixtral_dir: Path) -> None:
     assert_refused(capsys, mixtral_dir, "minimum of 3", "a cache ratio of at least 0.13", extra=("--cache-ratio", "0.05"))
 
@@ -298,3 +336,13 @@ def test_a_failure_in_the_engines_own_code_is_not_blamed_on_the_model(
     with pytest.raises(RuntimeError, match="a bug in the cache"):
         engine.generate([5, 6, 7], Sampling(max_new_tokens=4))
     engine.close()
+
+
+def test_host_memory_that_cannot_be_pinned_is_refused_in_one_line(mixtral_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Pinning happens on CUDA only; what the driver says when it cannot lock that much RAM.
+    def pin(experts: object, pin: bool) -> None:
+        raise RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported")
+
+    monkeypatch.setattr(seqmoe.loader, "HostStore", pin)
+    with pytest.raises(ModelRefused, match=r"could not be pinned in host memory .*CUDA error: out of memory\); close other"):
+        load_model(str(mixtral_dir), device="cpu")
