@@ -99,7 +99,7 @@ class Totals:
             "tokens": int(self.total("tokens")),
             "tokens_per_s": self.tokens_per_s,
             "hit_rate": self.total("decode_hits") / decode_accesses if decode_accesses else 1.0,
-            "stall_seconds_per_token": self.total("decode_stall_seconds") / tokens,
+            "stall_seconds_per_token": self.total("decode_stall_seconds") / max(self.decode_tokens, 1),
             "h2d_bytes_per_token": self.total("h2d_bytes") / tokens,
             "decode_h2d_bytes_per_token": self.total("decode_h2d_bytes") / max(self.decode_tokens, 1),
             "prefill_h2d_bytes": int(self.total("prefill_h2d_bytes")),

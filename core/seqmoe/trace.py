@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import DynamicCache
@@ -106,15 +108,23 @@ class Document:
     continuation: int
 
 
-def read_documents(text: str, tokenize: Callable[[list[str]], list[int]], every_turn: bool = False) -> list[list[int]]:
+@dataclass(frozen=True)
+class TextDocument:
+    """A document to trace and the paragraph of the text it comes from."""
+
+    ids: list[int]
+    paragraph: int
+    """With ``every_turn``, one conversation's documents share it (and their beginning)."""
+
+
+def read_documents(text: str, tokenize: Callable[[list[str]], list[int]], every_turn: bool = False) -> list[TextDocument]:
     """Blank-line separated paragraphs of ``text``, each tokenized by ``tokenize(lines)``. With
     ``every_turn`` (chat text), a paragraph gives one document per user turn: the conversation up
     to it, so that the model replies to each turn, not only to the last."""
     paragraphs = [[line.strip() for line in p.splitlines() if line.strip()] for p in text.split("\n\n")]
     return [
-        tokenize(lines[:end])
-        for lines in paragraphs
-        if lines
+        TextDocument(tokenize(lines[:end]), paragraph)
+        for paragraph, lines in enumerate(p for p in paragraphs if p)
         for end in (range(1, len(lines) + 1, 2) if every_turn else [len(lines)])
     ]
 
@@ -173,7 +183,7 @@ def _eos_ids(loaded: LoadedModel) -> list[int]:
 
 def iter_traces(
     loaded: LoadedModel,
-    documents: list[list[int]],
+    documents: list[TextDocument],
     continuation: int,
     max_tokens: int | None = None,
     on_progress: Callable[[int], None] | None = None,
@@ -182,11 +192,12 @@ def iter_traces(
     recorder = RoutingRecorder(loaded)
     recorded = 0
     try:
-        for index, ids in enumerate(documents):
+        for index, document in enumerate(documents):
             if max_tokens is not None and recorded >= max_tokens:
                 break
-            record = trace_document(loaded, recorder, Document(ids, continuation))
+            record = trace_document(loaded, recorder, Document(document.ids, continuation))
             record["document"] = torch.full((record["decode"].shape[0],), index, dtype=torch.int32)
+            record["paragraph"] = torch.full((record["decode"].shape[0],), document.paragraph, dtype=torch.int32)
             recorded += record["decode"].shape[0]
             if on_progress is not None:
                 on_progress(record["decode"].shape[0])
@@ -205,6 +216,9 @@ class Traces:
     probs: torch.Tensor
     document: torch.Tensor
     decode: torch.Tensor
+    paragraph: torch.Tensor | None = None
+    """The paragraph of the text each token's document comes from (``TextDocument``); ``None`` in
+    traces recorded before it was kept, where each document is its own."""
 
     @property
     def tokens(self) -> int:
@@ -235,8 +249,12 @@ def document_runs(traces: Traces) -> list[tuple[int, list[Run]]]:
 
 
 def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[str, torch.Tensor]]) -> dict[str, object]:
-    """Write ``records`` as shards of about ``SHARD_TOKENS`` tokens and the manifest last."""
+    """Write ``records`` as shards of about ``SHARD_TOKENS`` tokens and the manifest last. An
+    earlier trace's manifest goes first: a run stopped midway leaves no folder that reads as a
+    trace, where its shards would mix with the earlier ones."""
     check_output(out, "the trace folder", folder=True)
+    with writing(out / "manifest.json"):
+        (out / "manifest.json").unlink(missing_ok=True)
     shards, pending, pending_tokens = [], [], 0
     totals = {"tokens": 0, "decode_tokens": 0, "documents": 0}
 
@@ -273,8 +291,10 @@ def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[
         "prefill_tokens": totals["tokens"] - totals["decode_tokens"],
         "shards": shards,
     }
+    partial = out / "manifest.json.partial"
     with writing(out / "manifest.json"):
-        (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        partial.write_text(json.dumps(manifest, indent=2))
+        os.replace(partial, out / "manifest.json")
     return manifest
 
 
@@ -282,9 +302,20 @@ def read_traces(folder: Path) -> Traces:
     manifest_file = folder / "manifest.json"
     if not manifest_file.is_file():
         raise SeqMoEError(f"{folder} holds no traces (no manifest.json)")
-    manifest = json.loads(manifest_file.read_text())
-    if manifest.get("format") != "seqmoe-trace" or manifest.get("version") != FORMAT_VERSION:
+    try:
+        manifest = json.loads(manifest_file.read_text())
+    except (OSError, ValueError) as error:
+        raise SeqMoEError(f"{manifest_file} cannot be read: {error}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != "seqmoe-trace" or manifest.get("version") != FORMAT_VERSION:
         raise SeqMoEError(f"{folder} holds traces of an unknown format or version")
-    shards = [load_file(str(folder / shard["file"])) for shard in manifest["shards"]]
+    shards = []
+    for shard in manifest["shards"]:
+        try:
+            tensors = load_file(str(folder / shard["file"]))
+        except (OSError, SafetensorError) as error:
+            raise SeqMoEError(f"trace shard {folder / shard['file']} cannot be read: {error}") from None
+        if tensors["document"].shape[0] != shard["tokens"]:
+            raise SeqMoEError(f"trace shard {folder / shard['file']} is not the one {manifest_file.name} lists; trace again")
+        shards.append(tensors)
     joined = {key: torch.cat([s[key] for s in shards]) for key in shards[0]}
     return Traces(manifest=manifest, **joined)

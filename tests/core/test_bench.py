@@ -106,6 +106,9 @@ def test_a_reply_that_ends_at_its_first_token_is_benched_with_the_others(mixtral
     result = run_bench(engine, [short, longer], ["lru"], [0.5], 6, copy_layers=2.0)
     full, lru = result.rows
     assert lru.same_tokens and lru.totals.decode_tokens == 5
+    # Per decode token, as the hit rate and the copies are: each reply's first token comes from prefill.
+    stall = lru.totals.total("decode_stall_seconds")
+    assert stall > 0 and lru.totals.as_dict()["stall_seconds_per_token"] == pytest.approx(stall / 5)
     (bound,) = result.bounds
     assert bound.copies_per_token <= lru.totals.total("decode_misses") / 5
     assert 0 < lru.ratio_to_full <= 1.5 and lru.copy_layers is not None

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+import seqmoe.trace
 from seqmoe import Engine, SeqMoEError, load_model
 from seqmoe.cli import main
 from seqmoe.predictor import load_predictor, save_predictor
 from seqmoe.predictor.evaluation import evaluate, frequency_scorer, hits_at, previous_token_scorer
 from seqmoe.predictor.samples import Positions, positions_of, split_documents
-from seqmoe.predictor.training import TrainingOptions, train_predictor
+from seqmoe.predictor.training import TrainingOptions, train_predictor, validation_loss
 from seqmoe.routers import find_routers
-from seqmoe.trace import model_identity, read_documents, read_traces
+from seqmoe.trace import model_identity, read_documents, read_traces, write_traces
 
 from .conftest import CHAT_TEXT
 
@@ -45,6 +49,32 @@ def test_trace_round_trip_records_the_routers_real_choice(traced: tuple[Path, Pa
     assert manifest["model"] == model_identity(engine.loaded)
 
 
+def test_a_re_trace_stopped_midway_leaves_no_trace_to_read(
+    traced: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = shutil.copytree(traced[1], tmp_path / "traces")
+    old = read_traces(folder)
+    monkeypatch.setattr(seqmoe.trace, "SHARD_TOKENS", 1)
+
+    def stopped() -> Iterator[dict[str, torch.Tensor]]:
+        yield {"document": torch.zeros(3, dtype=torch.int32), "decode": torch.zeros(3, dtype=torch.uint8)}
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_traces(folder, old.manifest["model"], stopped())
+    with pytest.raises(SeqMoEError, match="no manifest"):
+        read_traces(folder)
+
+
+def test_a_shard_that_is_not_the_one_the_manifest_lists_is_refused(traced: tuple[Path, Path], tmp_path: Path) -> None:
+    folder = shutil.copytree(traced[1], tmp_path / "traces")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["shards"][0]["tokens"] += 1
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SeqMoEError, match="is not the one manifest.json lists"):
+        read_traces(folder)
+
+
 def test_training_lowers_validation_loss_and_saves_a_loadable_predictor(traced: tuple[Path, Path], tmp_path: Path) -> None:
     model_dir, out = traced
     predictor = train_predictor(read_traces(out), TrainingOptions(epochs=4, width=32, horizon=4), progress=False)
@@ -57,6 +87,17 @@ def test_training_lowers_validation_loss_and_saves_a_loadable_predictor(traced: 
     hidden, routed = torch.randn(32), torch.tensor([0, 1, 2, 3])
     assert torch.equal(loaded.predict(hidden, 1, routed), predictor.predict(hidden, 1, routed))
     assert loaded.predict(hidden, 1, routed).shape == (4, 8)
+
+
+def test_training_that_makes_every_epoch_worse_keeps_the_weights_it_reports(traced: tuple[Path, Path]) -> None:
+    traces = read_traces(traced[1])
+    options = TrainingOptions(epochs=2, width=16, horizon=2, learning_rate=1e3, reuse=False)
+    predictor = train_predictor(traces, options, progress=False)
+    report = predictor.config.report
+    assert report["best_epoch"] == 0 and report["validation_loss"] == report["initial_validation_loss"]
+    positions = positions_of(traces, 2)
+    held = positions.subset(split_documents(traces.document, traces.paragraph)[1])
+    assert validation_loss(predictor, positions, held, options.batch_size) == pytest.approx(report["validation_loss"])
 
 
 @pytest.mark.parametrize("steps", [2, 4, 10])
@@ -139,10 +180,22 @@ def test_positions_wrap_into_the_next_token_but_not_the_next_document(traced: tu
 
 def test_every_turn_makes_a_document_of_the_conversation_up_to_each_user_turn() -> None:
     text = "u1\na1\nu2\na2\nu3\n\n\nv1\nb1\nv2\nb2\n"
-    assert read_documents(text, lambda lines: lines) == [["u1", "a1", "u2", "a2", "u3"], ["v1", "b1", "v2", "b2"]]
-    assert read_documents(text, lambda lines: lines, every_turn=True) == [
-        ["u1"], ["u1", "a1", "u2"], ["u1", "a1", "u2", "a2", "u3"], ["v1"], ["v1", "b1", "v2"],
+    once = read_documents(text, lambda lines: lines)
+    assert [(d.ids, d.paragraph) for d in once] == [(["u1", "a1", "u2", "a2", "u3"], 0), (["v1", "b1", "v2", "b2"], 1)]
+    every = read_documents(text, lambda lines: lines, every_turn=True)
+    assert [(d.ids, d.paragraph) for d in every] == [
+        (["u1"], 0), (["u1", "a1", "u2"], 0), (["u1", "a1", "u2", "a2", "u3"], 0), (["v1"], 1), (["v1", "b1", "v2"], 1),
     ]
+
+
+def test_the_documents_of_one_conversation_are_never_split_between_training_and_validation() -> None:
+    # Twelve conversations traced at every turn: three documents each, beginning alike.
+    documents = torch.arange(36).repeat_interleave(5)
+    paragraphs = documents // 3
+    train, held = split_documents(documents, paragraphs)
+    assert held == {27, 28, 29} and train == set(range(36)) - held
+    # Traces recorded before paragraphs were kept: each document is its own.
+    assert split_documents(documents)[1] == {9, 19, 29}
 
 
 def test_trace_every_turn_replies_to_each_user_turn(traced: tuple[Path, Path], tmp_path: Path) -> None:
@@ -153,6 +206,10 @@ def test_trace_every_turn_replies_to_each_user_turn(traced: tuple[Path, Path], t
     assert main(["trace", "--model", str(model), "--text", str(text), "--chat", "--every-turn", "--continuation", "6",
                  "--out", str(out), "--device", "cpu"]) == 0
     assert read_traces(once).manifest["documents"] == 12 and read_traces(out).manifest["documents"] == 24
+    # Each conversation's two documents keep its paragraph, so training holds out both or neither.
+    every = read_traces(out)
+    pairs = {(d, p) for d, p in zip(every.document.tolist(), every.paragraph.tolist())}
+    assert len(pairs) == 24 and {p for _, p in pairs} == set(range(12))
 
 
 def test_calibration_traces_a_reply_to_every_user_turn_within_its_budget(tiny_models: dict[str, Path]) -> None:

@@ -81,14 +81,22 @@ def positions_of(traces: Traces, horizon: int) -> Positions:
     )
 
 
-def split_documents(documents: torch.Tensor, every: int = 10) -> tuple[set[int], set[int]]:
-    """(training, validation) documents: every ``every``-th document is held out, at least one."""
-    ids = sorted(set(documents.tolist()))
-    held = {d for i, d in enumerate(ids) if i % every == every - 1} or {ids[-1]}
-    train = set(ids) - held
+def split_documents(
+    documents: torch.Tensor, paragraphs: torch.Tensor | None = None, every: int = 10
+) -> tuple[set[int], set[int]]:
+    """(training, validation) documents: those of every ``every``-th paragraph are held out (of at
+    least one). A conversation traced at every turn gives documents that begin alike, so they
+    stay on one side: else validation would score text seen in training."""
+    groups = paragraphs if paragraphs is not None else documents
+    group_of = dict(zip(documents.tolist(), groups.tolist()))
+    ids = sorted(set(group_of.values()))
+    held_groups = {g for i, g in enumerate(ids) if i % every == every - 1} or {ids[-1]}
+    held = {d for d, g in group_of.items() if g in held_groups}
+    train = set(group_of) - held
     if not train:
         raise SeqMoEError(
-            "the traces hold a single document; training needs two or more (in a text, separated by a blank line), "
+            "the traces hold a single document or conversation; training needs two or more (in a text, separated by "
+            "a blank line), "
             "one of them held out to validate on"
         )
     return train, held

@@ -67,7 +67,7 @@ def train_predictor(
     """A predictor trained on ``traces``; the epoch with the lowest validation loss is kept."""
     torch.manual_seed(options.seed)
     positions = positions_of(traces, options.horizon)
-    train_docs, held_docs = split_documents(traces.document)
+    train_docs, held_docs = split_documents(traces.document, traces.paragraph)
     train, held = positions.subset(train_docs), positions.subset(held_docs)
     manifest = traces.manifest
     config = PredictorConfig(
@@ -96,7 +96,8 @@ def train_predictor(
         else None
     )
     initial_loss = validation_loss(predictor, positions, held, options.batch_size)
-    best_loss, best_state, best_epoch, stale = initial_loss, None, 0, 0
+    # The untrained weights stay if no epoch does better (a learning rate far too high).
+    best_loss, best_state, best_epoch, stale = initial_loss, copy.deepcopy(predictor.state_dict()), 0, 0
     started = time.perf_counter()
     bar = tqdm(total=total_steps, desc="train-predictor", disable=not progress, unit="step")
     for epoch in range(1, options.epochs + 1):
@@ -125,8 +126,7 @@ def train_predictor(
             if stale >= options.patience:
                 break
     bar.close()
-    if best_state is not None:
-        predictor.load_state_dict(best_state)
+    predictor.load_state_dict(best_state)
     reuse_report = _train_reuse(predictor, traces, train_docs, held_docs, options.reuse_epochs, on_reuse_epoch)
     config.report = {
         "training_tokens": int(traces.tokens),
