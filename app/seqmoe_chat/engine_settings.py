@@ -76,6 +76,9 @@ class EnginePage(QWidget):
         self.horizon.setRange(1, model.max_horizon if model is not None else 1)
         self.horizon.setSuffix(" MoE layers ahead")
         self.horizon.setValue(options.horizon or self.horizon.maximum())
+        # Without a model, or with one whose predictor reaches less, the box cannot show the saved
+        # limit; left as shown, it keeps that limit.
+        self._horizon_shown, self._horizon_saved = self.horizon.value(), options.horizon
         self.horizon.setToolTip("How far ahead the seqmoe policy forecasts and prefetches; the predictor sets the limit")
         self.horizon_note = QLabel(horizon_text(model))
         self.context = QSpinBox()
@@ -104,7 +107,10 @@ class EnginePage(QWidget):
         options.policy = str(self.policy.currentData())
         options.link_gbps = round(self.link.value(), 2)
         # The predictor's whole reach is stored as "no limit", so a better predictor later is used fully.
-        options.horizon = None if self.horizon.value() >= self.horizon.maximum() else self.horizon.value()
+        if self.horizon.value() == self._horizon_shown:
+            options.horizon = self._horizon_saved
+        else:
+            options.horizon = None if self.horizon.value() >= self.horizon.maximum() else self.horizon.value()
         options.vram_budget_gb = self.budget.budget_gb()
         options.context_tokens = self.context.value()
 

@@ -83,8 +83,7 @@ class MainWindow(QMainWindow):
         self.panel = TelemetryDock(self.client, self.settings.panel_hz, self)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.panel)
 
-        self.models = ModelManager(context.data_dir, lambda: self.client.model.path if self.client.model else None,
-                                   parent=self)
+        self.models = ModelManager(context.data_dir, self._model_in_use, parent=self)
         self._models_dialog: ModelsDialog | None = None
         self._load_id: int | None = None
         self._reply_started = 0.0
@@ -326,6 +325,12 @@ class MainWindow(QMainWindow):
         self.status.showMessage(f"Imported {len(ids)} conversation(s) from {path.name}", STATUS_MESSAGE_MS)
 
     # The model
+
+    def _model_in_use(self) -> str | None:
+        """The folder or id of the model loaded, or being loaded."""
+        if self.client.model is not None:
+            return self.client.model.path
+        return self._model if self.client.busy_loading else None
 
     def load_model(self, model: str) -> None:
         self._model = model

@@ -5,6 +5,7 @@ failing, and exporting the figures."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,29 @@ def test_a_new_generation_resets_the_counters_but_keeps_the_cache_map(recorded) 
     model.fold([LayerRouted(0, (1, 2), (), True)])
     assert model.generations == 2 and model.counters.tokens == 0 and model.recall == {}
     assert (model.cells == cells).all()
+
+
+def test_a_reply_ended_in_its_prefill_does_not_run_into_the_next_ones_figures() -> None:
+    model = TelemetryModel(num_layers=2, num_experts=4, bytes_per_expert=10)
+    # One token, from the prefill alone (an end of text at once, or Stop): no decode layer runs.
+    model.fold([LayerRouted(0, (0, 1), (0, 1), True), LayerRouted(1, (2,), (2,), True), TokenGenerated(0, 7, 0.1)])
+    model.fold([LayerRouted(0, (3,), (3,), True), LayerRouted(1, (1,), (), True)])
+    assert model.generations == 2 and (model.counters.hits, model.counters.misses) == (1, 1)
+
+
+def test_another_model_of_the_same_shape_starts_the_panel_afresh(qtbot, window, backend) -> None:
+    panel = window.panel
+    for event in _snapshot_events():
+        backend.engines[-1].events.emit(event)
+    panel.refresh()
+    assert panel.model.cell_counts()["not cached"] < 24
+    other = replace(panel.info, name="other-moe", path="/models/other-moe")
+    panel.set_model(other)
+    assert panel.model.cell_counts()["not cached"] == 24 and panel.model.counters.misses == 0
+    resized = replace(other, cache_slots=other.cache_slots + 1)
+    model = panel.model
+    panel.set_model(resized)
+    assert panel.model is model, "the same model, resized, keeps its reply's figures"
 
 
 def test_recall_at_k_per_horizon_wraps_into_the_next_token() -> None:

@@ -93,6 +93,16 @@ def test_the_context_note_says_when_the_model_limits_the_context() -> None:
     assert context_text(None) == "shown once a model is loaded"
 
 
+@pytest.mark.parametrize("model", [None, replace(MODEL, predictor_horizon=1, max_horizon=1)])
+def test_a_horizon_the_dialog_cannot_show_is_kept(qtbot, model) -> None:
+    # No model loaded, or one whose predictor reaches a single layer: the box shows 1.
+    settings = Settings(engine=EngineOptions(policy="seqmoe", horizon=2))
+    dialog = SettingsDialog(settings, engine=EngineContext(model, 8 * GB, lambda policy: {}))
+    qtbot.addWidget(dialog)
+    dialog.apply_to(settings)
+    assert settings.engine.horizon == 2
+
+
 def test_expected_speed_from_measurements() -> None:
     assert expected_speed({}, 10) is None
     assert expected_speed({10: 5.0}, 30).tokens_per_s == 5.0

@@ -20,6 +20,8 @@ class HubPanel(QWidget):
         super().__init__(parent)
         self.device: DeviceMemory | None = None
         self.model: HubModel | None = None
+        self._checks = 0
+        """Checks asked for so far: only the latest one's answer is shown (and offered for download)."""
         self.reference = QLineEdit()
         self.reference.setPlaceholderText("Any hub id or address: owner/name or https://huggingface.co/owner/name")
         self.reference.returnPressed.connect(self.check)
@@ -47,14 +49,16 @@ class HubPanel(QWidget):
         self._show(None, "")
 
     def check(self) -> None:
+        self._checks += 1
+        number = self._checks
         try:
             reference = parse_reference(self.reference.text())
         except HubRefusal as refusal:
             self._show(None, str(refusal))
             return
-        self.check_button.setEnabled(False)
         self._show(None, f"Checking {reference.repo_id}: fetching its config.json…")
-        run_in_background(lambda: check_repo(reference), self._on_checked, self._on_failed, self)
+        run_in_background(lambda: check_repo(reference), lambda model: self._on_checked(number, model),
+                          lambda error: self._on_failed(number, error), self)
 
     def save_token(self) -> None:
         token = self.token.text()
@@ -69,7 +73,9 @@ class HubPanel(QWidget):
     def _on_token_failed(self, error: Exception) -> None:
         self._show(None, str(error), ask_token=True)
 
-    def _on_checked(self, model: HubModel) -> None:
+    def _on_checked(self, number: int, model: HubModel) -> None:
+        if number != self._checks:
+            return
         shape = model.shape
         fits = f" On this computer: {fit(shape, self.device).label}." if self.device is not None else ""
         gated = f", gated ({model.gated})" if model.gated else ""
@@ -80,7 +86,9 @@ class HubPanel(QWidget):
             f"Download {size_text(model.download_bytes)} in {len(model.files)} files; licence {model.license}{gated}.{fits}"
         ))
 
-    def _on_failed(self, error: Exception) -> None:
+    def _on_failed(self, number: int, error: Exception) -> None:
+        if number != self._checks:
+            return
         if isinstance(error, HubRefusal):
             self._show(None, str(error), ask_token=error.kind == GATED)
         else:

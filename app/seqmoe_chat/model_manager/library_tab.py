@@ -68,6 +68,8 @@ class LibraryTab(QWidget):
             self._show_problem("")  # listed after all
         chosen = self.selected()
         self.items = items
+        # Kept by path, not by row: the row of an entry gone would select the next one.
+        self.table.clearSelection()
         self.table.setRowCount(len(items))
         for row, item in enumerate(items):
             model = item.model

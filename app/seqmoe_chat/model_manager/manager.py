@@ -87,10 +87,15 @@ class ModelManager(QObject):
         run_in_background(self.library.items, self._on_listed, self._on_list_failed, self)
 
     def delete(self, item: LibraryItem) -> None:
-        """Raises ``LibraryError`` (the loaded model, the bundled one, a file system error)."""
+        """Raises ``LibraryError`` (the model loaded or loading, the one being calibrated, the bundled
+        one, a file system error)."""
+        folder = item.model.path.resolve()
         loaded = self.loaded_path()
-        if loaded and Path(loaded) == item.model.path:
-            raise LibraryError(f"{item.model.name} is loaded; unload it first")
+        if loaded and Path(loaded).expanduser().resolve() == folder:
+            raise LibraryError(f"{item.model.name} is loaded or loading; unload it first")
+        calibrating = self.calibration.status
+        if self.calibration.busy and calibrating is not None and Path(calibrating.model).resolve() == folder:
+            raise LibraryError(f"{item.model.name} is being calibrated; cancel that first")
         self.library.delete(item.model)
         self.refresh_library()
 

@@ -58,6 +58,10 @@ def parse_reference(text: str) -> HubReference:
     return HubReference(repo_id, revision)
 
 
+HUB_TIMEOUT_S = 30.0
+"""How long the check waits for the hub's file listing (huggingface_hub's client waits forever)."""
+
+
 def check_repo(reference: HubReference, endpoint: str | None = None) -> HubModel:
     """The model behind ``reference``, or ``HubRefusal`` saying why it cannot be offered."""
     import_engine()
@@ -81,7 +85,7 @@ def check_repo(reference: HubReference, endpoint: str | None = None) -> HubModel
             raise HubRefusal(UNSUPPORTED, str(error)) from None
         shape = shape_of_skeleton(config, skeleton)
         try:
-            info = HfApi(endpoint=endpoint).model_info(repo_id, revision=revision, files_metadata=True)
+            info = HfApi(endpoint=endpoint).model_info(repo_id, revision=revision, files_metadata=True, timeout=HUB_TIMEOUT_S)
             files = remote_files(info.siblings or [])
             index = None
             if INDEX_FILE in files:

@@ -285,6 +285,8 @@ class TelemetryModel:
     def _token_generated(self, event: TokenGenerated) -> None:
         if event.index + 1 < self.counters.tokens:
             self._new_generation()  # the panel was hidden when this generation's prefill ran
+        # A token ends the prefill, also of a reply that ends before any decode layer runs.
+        self._in_prefill = False
         self.counters.tokens = event.index + 1
         self.counters.seconds = event.seconds
         self._token = event.index + 1

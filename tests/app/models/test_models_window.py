@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from seqmoe_chat.models.fit import DeviceMemory
 from seqmoe_chat.models.library import DOWNLOADED
 from seqmoe_chat.models.model_folders import target_dir
 
-from .conftest import TINY
+from .conftest import DENSE, TINY
 
 GIB = 2**30
 RTX_4090 = DeviceMemory("cuda", "Test GPU", 24 * GIB, 64 * GIB, 4096)
@@ -159,3 +160,57 @@ def test_a_library_that_could_not_be_listed_says_so_in_a_tab_opened_later(
     manager.refresh_library()
     qtbot.waitUntil(lambda: dialog.library.table.rowCount() > 0, timeout=30_000)
     assert dialog.library.message.text() == ""
+
+
+def test_only_the_latest_hub_check_is_shown_and_offered(qtbot, window, hub, monkeypatch: pytest.MonkeyPatch) -> None:
+    from seqmoe_chat.model_manager import hub_panel
+
+    real = hub_panel.check_repo
+
+    def slow_for_the_first(reference, *args):  # noqa: ANN001, ANN202
+        if reference.repo_id == TINY:
+            time.sleep(1.5)
+        return real(reference, *args)
+
+    monkeypatch.setattr(hub_panel, "check_repo", slow_for_the_first)
+    panel = window().catalog.hub
+    panel.reference.setText(TINY)
+    panel.check()
+    panel.reference.setText(DENSE)  # changed its mind before the first answer came
+    panel.check()
+    qtbot.waitUntil(lambda: "Checking" not in panel.result.text(), timeout=30_000)
+    refusal = panel.result.text()
+    qtbot.wait(2500)  # the first check's answer arrives meanwhile
+    assert panel.result.text() == refusal and not panel.download_button.isVisible() and panel.model is None
+
+
+def test_a_model_loading_or_being_calibrated_is_not_deleted(
+    qtbot, window, data_dir: Path, tiny_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from seqmoe_chat.models.library import LibraryError
+
+    folder = shutil.copytree(tiny_repo, target_dir(data_dir, TINY))
+    monkeypatch.chdir(folder.parent)
+    slow = "import time; time.sleep(30)"
+    dialog = window(loaded_path=lambda: f"./{folder.name}", calibration=CalibrationRunner(command=[sys.executable, "-c", slow]))
+    manager = dialog.manager
+    qtbot.waitUntil(lambda: any(i.model.path == folder for i in manager.items), timeout=30_000)
+    (item,) = [i for i in manager.items if i.model.path == folder]
+    with pytest.raises(LibraryError, match="loaded or loading"):  # named by a relative path
+        manager.delete(item)
+    manager.loaded_path = lambda: None
+    manager.calibrate(folder)
+    with pytest.raises(LibraryError, match="being calibrated"):
+        manager.delete(item)
+    manager.cancel_calibration()
+    assert folder.exists()
+
+
+def test_after_a_delete_the_library_selects_nothing_else(qtbot, window, data_dir: Path, tiny_repo: Path) -> None:
+    first = shutil.copytree(tiny_repo, target_dir(data_dir, TINY))
+    second = shutil.copytree(tiny_repo, target_dir(data_dir, "seqmoe-tests/other-moe"))
+    library = window().library
+    qtbot.waitUntil(lambda: {first, second} <= {i.model.path for i in library.items}, timeout=30_000)
+    library.select(str(first))
+    library.show_items([i for i in library.items if i.model.path != first])
+    assert library.selected() is None and not library.buttons["Delete…"].isEnabled()
