@@ -28,7 +28,7 @@ from seqmoe.resources import demo_model_dir
 from seqmoe_chat.panel import memory_monitor
 from seqmoe_chat.panel.cache_map import STATE_COLOURS
 from seqmoe_chat.panel.forecast_view import NO_FORECAST_COLOUR, ForecastView
-from seqmoe_chat.panel.memory_monitor import NO_NVML, MemoryMonitor
+from seqmoe_chat.panel.memory_monitor import NO_NVML, MemoryMonitor, MemorySample
 from seqmoe_chat.panel.telemetry_model import CELL_STATES, TelemetryModel
 from seqmoe_chat.store.records import DONE
 from seqmoe_chat.worker import model_info
@@ -232,6 +232,15 @@ def test_without_nvml_the_panel_says_why_and_the_app_still_generates(qtbot, make
     send(qtbot, window, "Still there?")
     wait_idle(qtbot, window)
     assert stored(window)[-1][2] == DONE
+
+
+@pytest.mark.parametrize(("device", "caption"), [
+    ("cpu", "Emulated VRAM on the cpu"), ("cuda:0", "The engine's VRAM on cuda:0 (no NVML figures)"),
+])
+def test_without_nvml_figures_the_caption_says_whose_vram_it_shows(qtbot, window, device: str, caption: str) -> None:
+    memory = window.panel.memory
+    memory.show_memory(replace(window.panel.info, device=device), MemorySample(None, NO_NVML, None, ""))
+    assert memory.vram_caption.text().startswith(f"{caption}: the engine's budget")
 
 
 class _FailingNvml:

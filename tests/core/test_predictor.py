@@ -100,6 +100,26 @@ def test_training_that_makes_every_epoch_worse_keeps_the_weights_it_reports(trac
     assert validation_loss(predictor, positions, held, options.batch_size) == pytest.approx(report["validation_loss"])
 
 
+def test_a_predictor_write_cut_short_leaves_the_earlier_one(
+    traced: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    traces = read_traces(traced[1])
+    path = tmp_path / "p.safetensors"
+    save_predictor(train_predictor(traces, TrainingOptions(epochs=1, width=16, horizon=2), progress=False), path)
+    before = path.read_bytes(), path.with_suffix(".json").read_text()
+    wider = train_predictor(traces, TrainingOptions(epochs=1, width=24, horizon=2), progress=False)
+
+    def full_disk(self: Path, *args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(SeqMoEError, match="No space left on device"):
+        save_predictor(wider, path)
+    monkeypatch.undo()
+    assert (path.read_bytes(), path.with_suffix(".json").read_text()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json", "p.safetensors"]
+
+
 @pytest.mark.parametrize("steps", [2, 4, 10])
 def test_training_runs_however_few_steps_the_text_gives(traced: tuple[Path, Path], steps: int) -> None:
     traces = read_traces(traced[1])

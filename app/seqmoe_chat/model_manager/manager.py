@@ -110,8 +110,10 @@ class ModelManager(QObject):
         self.calibration.shut_down()
 
     def _on_listed(self, items: list[LibraryItem]) -> None:
-        self.items, self.library_problem = items, ""
+        self.items, self.library_problem = items, self.library.notice
         self.sig_library_changed.emit(items)
+        if self.library.notice:  # listed, but the imported folders' list was reset or the hub cache unreadable
+            self.sig_library_failed.emit(self.library.notice)
 
     def _on_list_failed(self, error: Exception) -> None:
         self.library_problem = f"The library could not be listed: {error}"

@@ -138,6 +138,8 @@ class MemoryView(QWidget):
                                       f"{gpu.this_process / GB:.2f} GB by this app; budget {budget / GB:.3f} GB")
             self.vram.set_segments(segments, gpu.total, budget)
         else:
-            self.vram_caption.setText(f"Emulated VRAM on the {info.device}: the engine's budget {budget / GB:.3f} GB")
+            where = (f"The engine's VRAM on {info.device} (no NVML figures)" if info.device.startswith("cuda")
+                     else f"Emulated VRAM on the {info.device}")
+            self.vram_caption.setText(f"{where}: the engine's budget {budget / GB:.3f} GB")
             self.vram.set_segments(segments, max(budget, engine_bytes), budget)
         self.vram_legend.setText(_legend([s.name for s in segments]))

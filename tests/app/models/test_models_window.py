@@ -214,3 +214,13 @@ def test_after_a_delete_the_library_selects_nothing_else(qtbot, window, data_dir
     library.select(str(first))
     library.show_items([i for i in library.items if i.model.path != first])
     assert library.selected() is None and not library.buttons["Delete…"].isEnabled()
+
+
+def test_a_damaged_list_of_imported_folders_is_said_in_the_library(qtbot, window, data_dir: Path) -> None:
+    from seqmoe_chat.models.library import LIBRARY_FILE
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / LIBRARY_FILE).write_text("{not json")
+    library = window().library
+    qtbot.waitUntil(lambda: "list of imported folders was reset" in library.message.text(), timeout=30_000)
+    assert library.items  # the demo model and the rest are still listed
