@@ -111,6 +111,13 @@ def test_another_model_of_the_same_shape_starts_the_panel_afresh(qtbot, window, 
     assert panel.model is model, "the same model, resized, keeps its reply's figures"
 
 
+def test_a_load_that_fails_leaves_the_panel_without_a_model(qtbot, window) -> None:
+    panel = window.panel
+    assert panel.info is not None
+    window.load_model("broken")  # the fake engine refuses it
+    qtbot.waitUntil(lambda: panel.info is None and panel.model is None, timeout=10_000)
+
+
 def test_recall_at_k_per_horizon_wraps_into_the_next_token() -> None:
     model = TelemetryModel(num_layers=3, num_experts=4, bytes_per_expert=10)
     model.fold([

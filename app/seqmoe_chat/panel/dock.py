@@ -99,6 +99,9 @@ class TelemetryDock(QDockWidget):
         worker.sig_model_reconfigured.connect(self._on_model_changed)
         worker.sig_reconfigure_failed.connect(self._on_reconfigure_failed)
         worker.sig_model_unloaded.connect(self._on_model_unloaded)
+        # As the window and the client see it: a load that failed or was given up leaves no model.
+        worker.sig_load_failed.connect(self._on_model_unloaded)
+        worker.sig_load_cancelled.connect(self._on_model_unloaded)
 
     def set_rate(self, hz: int) -> None:
         self.timer.setInterval(1000 // min(max(hz, PANEL_HZ[0]), PANEL_HZ[1]))
