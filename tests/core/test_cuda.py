@@ -66,4 +66,4 @@ def test_offloaded_cuda_generation_matches_cuda_reference(tiny_models: dict[str,
     finally:
         engine.close()
     # transformers' own generate on the same GPU, which decodes grouped_mm models with batched_mm.
-    assert expected == reference_tokens(tiny_models[family], greedy, device_map="cuda")
+    assert expected == reference_tokens(tiny_models[family], greedy, device="cuda")

@@ -21,9 +21,10 @@ PROMPT = [5, 17, 42, 99, 23, 64, 7, 88, 31, 12, 56, 77]
 NEW_TOKENS = 12
 
 
-def reference_tokens(folder: Path, sampling: Sampling, **options: object) -> list[int]:
-    model = AutoModelForCausalLM.from_pretrained(folder, **options)
-    inputs = torch.tensor([PROMPT], device=model.device)
+def reference_tokens(folder: Path, sampling: Sampling, device: str = "cpu", **options: object) -> list[int]:
+    # Moved, not placed with ``device_map``: that needs accelerate, which the project does not.
+    model = AutoModelForCausalLM.from_pretrained(folder, **options).to(device)
+    inputs = torch.tensor([PROMPT], device=device)
     if sampling.seed is not None:
         torch.manual_seed(sampling.seed)
     output = model.generate(
