@@ -22,7 +22,7 @@ NEW_TOKENS = 12
 
 
 def reference_tokens(folder: Path, sampling: Sampling, device: str = "cpu", **options: object) -> list[int]:
-    # Moved, not placed with ``device_map``: that needs accelerate, which the project does not.
+    # Moved, not placed with ``device_map``: that needs accelerate, which the project does not depend on.
     model = AutoModelForCausalLM.from_pretrained(folder, **options).to(device)
     inputs = torch.tensor([PROMPT], device=device)
     if sampling.seed is not None:
