@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from transformers import DynamicCache
 from .errors import SeqMoEError
 from .loader import LoadedModel
 from .routers import Router, chosen_experts, find_routers
-from .user_files import check_output, writing
+from .user_files import check_output, replacing, writing
 
 FORMAT_VERSION = 1
 SHARD_TOKENS = 8192
@@ -291,10 +290,8 @@ def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[
         "prefill_tokens": totals["tokens"] - totals["decode_tokens"],
         "shards": shards,
     }
-    partial = out / "manifest.json.partial"
-    with writing(out / "manifest.json"):
+    with writing(out / "manifest.json"), replacing(out / "manifest.json") as partial:
         partial.write_text(json.dumps(manifest, indent=2))
-        os.replace(partial, out / "manifest.json")
     return manifest
 
 

@@ -6,6 +6,7 @@ before the work that produces it (a trace, a training, a bench run of minutes), 
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,6 +50,18 @@ def writing(path: Path) -> Iterator[None]:
         yield
     except (OSError, SafetensorError) as error:
         raise SeqMoEError(f"cannot write {path}: {_reason(error)}") from None
+
+
+@contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A file beside ``path`` to write in the block, moved over ``path`` when the block ends and
+    removed if it fails: nobody reads ``path`` half written."""
+    partial = path.with_name(path.name + ".partial")
+    try:
+        yield partial
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _reason(error: Exception) -> str:

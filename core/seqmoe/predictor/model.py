@@ -18,7 +18,6 @@ tokens later each expert comes back, for eviction beyond the forecast's horizon.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import SeqMoEError
-from ..user_files import writing
+from ..user_files import replacing, writing
 from .reuse import ReuseHead
 from .threads import one_cpu_thread
 
@@ -135,18 +134,11 @@ def save_predictor(predictor: ExpertPredictor, path: Path) -> None:
     """``path`` (safetensors weights) and ``path`` with suffix ``.json`` (its config). Both are
     written beside their place first and then moved there, so a write cut short (a full disk, a
     cancelled calibration) leaves the earlier predictor, or none, never half of one."""
-    config = path.with_suffix(".json")
-    weights_partial, config_partial = path.with_name(path.name + ".partial"), config.with_name(config.name + ".partial")
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            save_file({k: v.contiguous() for k, v in predictor.state_dict().items()}, str(weights_partial))
-            config_partial.write_text(json.dumps(asdict(predictor.config), indent=1))
-            os.replace(weights_partial, path)
-            os.replace(config_partial, config)
-        finally:
-            weights_partial.unlink(missing_ok=True)
-            config_partial.unlink(missing_ok=True)
+        with replacing(path) as weights, replacing(path.with_suffix(".json")) as config:
+            save_file({k: v.contiguous() for k, v in predictor.state_dict().items()}, str(weights))
+            config.write_text(json.dumps(asdict(predictor.config), indent=1))
 
 
 def load_predictor(path: Path, identity: dict[str, object] | None = None, device: str | torch.device = "cpu") -> ExpertPredictor:

@@ -95,8 +95,7 @@ def split_documents(
     train = set(group_of) - held
     if not train:
         raise SeqMoEError(
-            "the traces hold a single document or conversation; training needs two or more (in a text, separated by "
-            "a blank line), "
-            "one of them held out to validate on"
+            "the traces hold a single document or conversation; training needs two or more (in a text, "
+            "separated by a blank line), one of them held out to validate on"
         )
     return train, held
