@@ -1,6 +1,6 @@
-"""Calibration of a model's predictor as a child process (``seqmoe calibrate --model PATH``):
-it reads the progress the command prints, and Cancel stops it at once. One at a time: it
-uses every core."""
+"""Calibration of a model's predictor as a child process (``seqmoe calibrate --model PATH``,
+through ``calibration_child``, which ends with the app): it reads the progress the command
+prints, and Cancel stops it at once. One at a time: it uses every core."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .child_process import STDERR, ChildProcess
 
-CALIBRATE_COMMAND = (sys.executable, "-m", "seqmoe", "calibrate")
+CALIBRATE_COMMAND = (sys.executable, "-m", "seqmoe_chat.models.calibration_child")
 _PROGRESS = re.compile(r"^(?P<stage>.*?):\s*(?P<percent>\d+)%\|")  # a tqdm line: "Stage:  42%|####  | 42/100 ..."
 _ERROR = "seqmoe: error: "
 

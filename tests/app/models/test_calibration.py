@@ -61,6 +61,19 @@ def test_calibration_can_be_cancelled(quick: CalibrationRunner, tiny_repo: Path,
     assert not predictor_state(model).calibrated
 
 
+def test_a_crashed_app_leaves_no_calibration_running(quick: CalibrationRunner, tiny_repo: Path, tmp_path: Path) -> None:
+    model = shutil.copytree(tiny_repo, tmp_path / "tiny-moe")
+    status = quick.start(model)
+    poll_until(quick, lambda: status.stage.startswith("Tracing routing"))
+    child = quick._child._process
+    child.stdin.close()  # what the system does to the pipe when the app dies
+    deadline = time.monotonic() + 10
+    while child.poll() is None:
+        assert time.monotonic() < deadline, "the calibration outlived its parent's pipe"
+        time.sleep(0.05)
+    assert not predictor_state(model).calibrated
+
+
 def test_a_refusal_of_the_engine_is_shown_as_its_one_line(tmp_path: Path) -> None:
     refusing = "import sys; print('seqmoe: error: no such model folder: x', file=sys.stderr); sys.exit(2)"
     runner = CalibrationRunner(command=[sys.executable, "-c", refusing])
