@@ -27,7 +27,8 @@ class DeviceMemory:
         budget = " (the VRAM budget in Settings)" if self.budget_set else ""
         context = f", a context of {self.context_tokens:,} tokens"
         if self.kind == "cuda":
-            return f"{self.name}: {gib(self.vram_bytes)} of VRAM{budget}, {gib(self.ram_bytes)} of RAM{context}"
+            vram = f"{gib(self.vram_bytes)} of VRAM{budget}" if self.budget_set else f"{gib(self.vram_bytes)} of VRAM free"
+            return f"{self.name}: {vram}, {gib(self.ram_bytes)} of RAM{context}"
         return (f"No CUDA GPU: fits are shown for an emulated {gib(self.vram_bytes)} GPU{budget}; "
                 f"{gib(self.ram_bytes)} of RAM{context}")
 
@@ -40,17 +41,21 @@ class Fit:
 
 
 def probe_device(budget_bytes: int | None, context_tokens: int) -> DeviceMemory:
-    """The VRAM budget chosen in the settings, else the CUDA device's memory
-    (``torch.cuda.mem_get_info``), else the emulated GPU's; the RAM; and the context in the settings."""
+    """The VRAM budget chosen in the settings, else the one the engine would take on the CUDA
+    device now (``budget_for_free_memory``: what this process holds there, a loaded model
+    included, and most of the free memory; other programs' VRAM is not this app's to use), else
+    the emulated GPU's; the RAM; and the context in the settings."""
     import psutil
 
     import_engine()
     import torch
+    from seqmoe.budget import budget_for_free_memory
 
     ram = psutil.virtual_memory().total
     if torch.cuda.is_available():
-        _free, total = torch.cuda.mem_get_info()
-        return DeviceMemory("cuda", torch.cuda.get_device_name(), budget_bytes or total, ram, context_tokens,
+        free, _total = torch.cuda.mem_get_info()
+        automatic = budget_for_free_memory(torch.cuda.memory_reserved(), free)
+        return DeviceMemory("cuda", torch.cuda.get_device_name(), budget_bytes or automatic, ram, context_tokens,
                             budget_bytes is not None)
     return DeviceMemory("emulated", "emulated GPU", budget_bytes or EMULATED_VRAM_BYTES, ram, context_tokens,
                         budget_bytes is not None)

@@ -60,7 +60,7 @@ def test_the_catalog_lists_every_model_with_what_fits_this_computer(qtbot, windo
     assert labels["Mixtral 8x7B Instruct v0.1"].startswith("too large for this RAM (needs 87.0 GiB")
     # It ships its own code (auto_map) for an architecture transformers has built in: it runs without that code.
     assert labels["DeepSeek-V2-Lite Chat"] == "runs with SeqMoE at 74% cached"
-    assert dialog.catalog.device_line.text() == "Test GPU: 24.0 GiB of VRAM, 64.0 GiB of RAM, a context of 4,096 tokens"
+    assert dialog.catalog.device_line.text() == "Test GPU: 24.0 GiB of VRAM free, 64.0 GiB of RAM, a context of 4,096 tokens"
     gpt_oss = next(r for r in range(10) if dialog.catalog.table.item(r, 0).text() == "gpt-oss-20b")
     per_expert = dialog.catalog.table.item(gpt_oss, COLUMNS.index("Per expert"))
     assert per_expert.text() == "49.8 MB" and "13.2 MB as MXFP4 on disk" in per_expert.toolTip()
