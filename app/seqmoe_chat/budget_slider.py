@@ -5,6 +5,8 @@ runs offloaded with SeqMoE, or cannot run at all. The arithmetic is the engine's
 
 from __future__ import annotations
 
+import math
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QSlider, QWidget
 
@@ -32,7 +34,7 @@ class BudgetSlider(QWidget):
             f"every expert; on the CPU (emulated GPU) it holds {cache_ratio:.0%} of the experts"
         )
         self.slider = QSlider(Qt.Orientation.Horizontal)
-        self.spin = QDoubleSpinBox()
+        self.spin = _SlotSpinBox(self.slider)
         self.spin.setSuffix(" GB")
         self.spin.setToolTip("GB of 2³⁰ bytes, as the engine counts: weights, KV-cache reserve, workspace and experts")
         self.slots = QLabel()
@@ -41,25 +43,34 @@ class BudgetSlider(QWidget):
         self.fit.setWordWrap(True)
         if geometry is None:
             # Without a model only the number can be chosen; what it buys shows once one is loaded.
-            self.unit = MB_STEP
+            self.unit, self.origin = MB_STEP, 0
             low, high = MB_STEP, int((available_bytes or MAX_GB_WITHOUT_MODEL * GB))
             initial = budget_gb if budget_gb is not None else high / GB
         else:
-            # One expert per step for small models, 0.001 GB otherwise.
-            self.unit = min(MB_STEP, geometry.bytes_per_expert)
             full = geometry.budget_bytes_for(geometry.total_experts)
             low = geometry.budget_bytes_for(0)
+            if geometry.bytes_per_expert < MB_STEP:
+                # One expert per step, counted from the budget of no slot, so that each step buys one more.
+                self.unit, self.origin = geometry.bytes_per_expert, low
+            else:
+                self.unit, self.origin = MB_STEP, 0
             high = max(min(available_bytes, full) if available_bytes else full, low + self.unit)
-            initial = budget_gb if budget_gb is not None else geometry.budget_bytes_for(model.cache_slots) / GB
-        self.spin.setDecimals(3 if self.unit >= MB_STEP else 4)
-        self.spin.setRange(low / GB, high / GB)
-        # Fine steps: 0.05 GB on a real GPU budget, single units when the whole range is small.
-        self.spin.setSingleStep(0.05 if high - low >= GB // 2 else self.unit / GB)
-        self.slider.setRange(round(low / self.unit), round(high / self.unit))
+            initial = budget_gb
+        per_expert = self.unit < MB_STEP
+        # Enough decimals that the last one is finer than one step: every step then shows its own value.
+        self.spin.setDecimals(math.ceil(math.log10(GB / self.unit)) if per_expert else 3)
+        self.spin.steps_slider = per_expert
+        self.spin.setRange(self._shown_gb(low), self._shown_gb(high))
+        if initial is None:
+            initial = self._shown_gb(geometry.budget_bytes_for(model.cache_slots))
+        # The arrows' steps where they do not move the slider: 0.05 GB on a real GPU budget, 0.001 GB
+        # when the whole range is small.
+        self.spin.setSingleStep(0.05 if high - low >= GB // 2 else MB_STEP / GB)
+        self.slider.setRange(self._position(low), self._position(high))
         self.slider.setPageStep(max(1, round(0.05 * GB / self.unit)))
         self.slider.setEnabled(geometry is not None)
-        self.spin.setValue(min(max(initial, low / GB), high / GB))
-        self.slider.setValue(round(self.spin.value() * GB / self.unit))
+        self.spin.setValue(initial)  # within the range the spin box holds
+        self.slider.setValue(self._position(int(self.spin.value() * GB)))
         self.slider.valueChanged.connect(self._on_slider_moved)
         self.spin.valueChanged.connect(self._on_spin_changed)
         self.enabled_box.toggled.connect(self._update)
@@ -85,15 +96,26 @@ class BudgetSlider(QWidget):
         self.speeds = speeds
         self._update()
 
+    def _position(self, budget_bytes: int) -> int:
+        """The slider step a budget reaches, rounded down as the engine rounds slots down."""
+        return (budget_bytes - self.origin) // self.unit
+
+    def _shown_gb(self, budget_bytes: int) -> float:
+        """``budget_bytes`` in GB at the spin box's decimals, rounded up so that the engine, which reads
+        ``int(gb * 2**30)`` bytes, gets at least that budget and so its slots."""
+        scale = 10 ** self.spin.decimals()
+        shown = math.ceil(budget_bytes * scale / GB) / scale
+        return shown if int(shown * GB) >= budget_bytes else shown + 1 / scale
+
     def _on_slider_moved(self, value: int) -> None:
         self.spin.blockSignals(True)
-        self.spin.setValue(value * self.unit / GB)
+        self.spin.setValue(self._shown_gb(self.origin + value * self.unit))
         self.spin.blockSignals(False)
         self._update()
 
     def _on_spin_changed(self, value: float) -> None:
         self.slider.blockSignals(True)
-        self.slider.setValue(round(value * GB / self.unit))
+        self.slider.setValue(self._position(int(value * GB)))
         self.slider.blockSignals(False)
         self._update()
 
@@ -114,6 +136,22 @@ class BudgetSlider(QWidget):
         self.slots.setText(slots)
         self.speed.setText(speed)
         self.fit.setText(fit)
+
+
+class _SlotSpinBox(QDoubleSpinBox):
+    """With one expert per slider step, the arrows move the slider one step: adding the step in GB
+    and rounding to the decimals would sometimes land on the slot count it left."""
+
+    def __init__(self, slider: QSlider) -> None:
+        super().__init__()
+        self.slider = slider
+        self.steps_slider = False
+
+    def stepBy(self, steps: int) -> None:
+        if self.steps_slider:
+            self.slider.setValue(self.slider.value() + steps * self.slider.singleStep())
+        else:
+            super().stepBy(steps)
 
 
 def describe_budget(model: ModelInfo | None, budget_bytes: int, speeds: dict[int, float]) -> tuple[str, str, str]:

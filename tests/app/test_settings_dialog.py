@@ -256,3 +256,28 @@ def test_a_budget_below_the_minimum_is_refused_and_the_cache_kept(qtbot, demo_cl
     request = demo_client.reconfigure(EngineOptions(device="cpu", policy="seqmoe", vram_budget_gb=0.01))
     _kind, _id, reason, info = collector.wait_for(qtbot, request)
     assert "minimum" in reason and info.cache_slots == slots == demo_client.model.cache_slots
+
+
+def test_with_experts_smaller_than_the_spin_boxs_steps_every_slider_step_buys_one_more_slot(qtbot) -> None:
+    # The demo model's shape: 128 experts of 108 KiB, about 0.0001 GB each.
+    tiny = CacheGeometry(total_experts=128, bytes_per_expert=110_592, resident_bytes=3_276_800, kv_bytes=3_145_728,
+                         workspace_bytes=16 * 2**20, top_k=2)
+    model = replace(MODEL, geometry=tiny, total_experts=128, cache_slots=58)
+    slider = BudgetSlider(model, available_bytes=None, speeds={}, budget_gb=None, cache_ratio=0.45)
+    qtbot.addWidget(slider)
+    slider.enabled_box.setChecked(True)
+    assert slider.slots.text().startswith("58 of 128")
+    bought = []
+    for step in range(slider.slider.minimum(), slider.slider.maximum() + 1):
+        slider.slider.setValue(step)
+        saved = slider.budget_gb()
+        # What is saved is what the engine sizes its cache by: int(GB * 2**30) bytes.
+        bought.append(tiny.slots_for_budget(int(saved * GB)) if step >= tiny.minimum_slots else None)
+        assert slider.slider.value() == step and (step < tiny.minimum_slots or slider.slots.text().startswith(f"{step} of"))
+    assert bought[tiny.minimum_slots:] == list(range(tiny.minimum_slots, 129))
+    # The spin box's arrows move one slot too, in both directions.
+    slider.slider.setValue(40)
+    slider.spin.stepBy(1)
+    assert slider.slots.text().startswith("41 of") and slider.slider.value() == 41
+    slider.spin.stepBy(-3)
+    assert slider.slots.text().startswith("38 of") and tiny.slots_for_budget(int(slider.budget_gb() * GB)) == 38
