@@ -175,10 +175,12 @@ class EngineWorker(QObject):
 
     @Slot(int, str, object)
     def load(self, request_id: int, model: str, options: EngineOptions) -> None:
+        # The model loaded before goes even if this load was given up before it started: the app let it
+        # go when asking for this one, and its memory is wanted back.
+        self._close()
         if self._cancelled(request_id):
             self.sig_load_cancelled.emit(request_id)
             return
-        self._close()
 
         def progress(stage: str, fraction: float) -> None:
             if self._cancelled(request_id):

@@ -74,6 +74,16 @@ def test_loading_can_be_cancelled_between_stages(worker: EngineWorker, tiny_mode
     assert recorder.of("sig_reply_needs_model") == [(2,)] and not recorder.of("sig_reply_failed")
 
 
+def test_a_load_given_up_before_it_starts_still_lets_the_previous_model_go(worker: EngineWorker, tiny_model: Path) -> None:
+    recorder = Recorder(worker)
+    worker.load(1, str(tiny_model), EngineOptions())
+    worker.cancel(2)  # the user asked for another model, then gave up while a reply held the worker
+    worker.load(2, str(tiny_model), EngineOptions())
+    assert recorder.of("sig_load_cancelled") == [(2,)]
+    worker.generate(3, [{"role": "user", "content": "Hello?"}], GREEDY)
+    assert recorder.of("sig_reply_needs_model") == [(3,)] and not recorder.of("sig_reply_finished")
+
+
 def test_a_model_that_cannot_be_loaded_says_why(worker: EngineWorker, tmp_path: Path) -> None:
     recorder = Recorder(worker)
     (tmp_path / "not-a-model").mkdir()
