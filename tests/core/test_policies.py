@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable
@@ -12,7 +13,7 @@ import torch
 
 from seqmoe.cache import ExpertCache
 from seqmoe.events import EventBus, ExpertEvicted, LayerRouted
-from seqmoe.policies import BeladyPolicy, Forecast, GatePolicy, OraclePolicy, Policy, SeqMoEPolicy
+from seqmoe.policies import DISCOUNT_TOKENS, BeladyPolicy, Forecast, GatePolicy, OraclePolicy, Policy, SeqMoEPolicy
 from seqmoe.simulate import SimulatedCopier, VirtualClock
 from seqmoe.store import HostStore
 from seqmoe.transfer import CopyJob, EmulatedCopier, JobState, take_queued
@@ -32,16 +33,37 @@ def test_farthest_expected_use_is_evicted() -> None:
     policy.remember([Forecast((1, 0), 0.9, 1), Forecast((2, 0), 0.9, 2)], {1, 2})
     # Same probability: layer 2 comes one layer later than layer 1.
     assert policy.distance((2, 0)) == pytest.approx(policy.distance((1, 0)) + 1)
-    # Layer 3 is beyond the forecast: its prior (0.25) puts it 3 tokens away on average.
-    assert policy.distance((3, 0)) == pytest.approx(3 + LAYERS * 3)
+    # Layer 3 is beyond the forecast: its prior (0.25) is both the chance of its layer's next run
+    # and the rate after it, V = 0.25 + 0.75 * 0.25 g / (1 - 0.75 g), g = exp(-1 / 2).
+    g = math.exp(-1 / DISCOUNT_TOKENS)
+    value = 0.25 + 0.75 * 0.25 * g / (1 - 0.75 * g)
+    assert policy.distance((3, 0)) == pytest.approx(3 - DISCOUNT_TOKENS * LAYERS * math.log(value))
     assert policy.victim([(1, 0), (2, 0), (3, 0)]) == (3, 0)
+
+
+def test_a_certain_use_is_ranked_by_its_distance_alone() -> None:
+    policy = belady()
+    policy.observe(0, [0])
+    policy.remember([Forecast((2, 0), 1.0, 2)], {2})
+    assert policy.distance((2, 0)) == pytest.approx(2)
+
+
+def test_a_likely_use_next_token_outlives_an_unlikely_one_though_its_expected_distance_is_longer() -> None:
+    """Expected distance is set by its far tail: (2, 0), 30% likely next token but rarely used
+    beyond it, would average 100 tokens away and go before (2, 1), unlikely either way."""
+    prior = torch.full((LAYERS, EXPERTS), 0.25)
+    prior[2, 0], prior[2, 1] = 0.01, 0.1
+    policy = BeladyPolicy(LAYERS, prior)
+    policy.observe(0, [0])
+    policy.remember([Forecast((2, 0), 0.3, 2), Forecast((2, 1), 0.05, 2)], {2})
+    assert policy.victim([(2, 0), (2, 1)]) == (2, 1)
 
 
 def test_near_equal_distances_evict_the_lower_probability() -> None:
     policy = belady()
     policy.observe(0, [0])
-    # (1, 1): one layer away with p=0.5 -> 1 + 4 = 5; (2, 1): two layers away with p=0.55 -> 2 + 3.27 = 5.27
-    policy.remember([Forecast((1, 1), 0.5, 1), Forecast((2, 1), 0.55, 2)], {1, 2})
+    # (1, 1): one layer away with p=0.5 -> 1 + 3.58 = 4.58; (2, 1): two layers away with p=0.6 -> 2 + 2.72 = 4.72
+    policy.remember([Forecast((1, 1), 0.5, 1), Forecast((2, 1), 0.6, 2)], {1, 2})
     assert policy.distance((2, 1)) - policy.distance((1, 1)) < 0.5
     assert policy.victim([(1, 1), (2, 1)]) == (1, 1)
 
@@ -82,7 +104,7 @@ def test_an_expert_in_steady_use_outlives_a_recent_one_forecast_as_unlikely() ->
             policy.observe(layer, ([1] if token < 8 else [2]) if layer == 2 else [0])
     policy.remember([Forecast((2, 1), 0.05, 3), Forecast((2, 2), 0.05, 3)], {2})
     # Same forecast for the next token; beyond it expert 1's rate of use brings it back sooner.
-    assert policy.distance((2, 1)) < policy.distance((2, 2)) - 10
+    assert policy.distance((2, 1)) < policy.distance((2, 2)) - 4
     assert policy.victim([(2, 1), (2, 2)]) == (2, 2)  # LRU alone would evict expert 1
 
 

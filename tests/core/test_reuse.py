@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from seqmoe.policies import SeqMoEPolicy
+from seqmoe.policies import DISCOUNT_TOKENS, SeqMoEPolicy
 from seqmoe.predictor.model import ExpertPredictor, PredictorConfig, load_predictor, save_predictor
 from seqmoe.predictor.reuse import REUSE_HORIZONS, ReuseHead, evaluate_reuse, expected_wait, reuse_samples, train_reuse
 from seqmoe.predictor.samples import split_documents
@@ -135,9 +137,11 @@ def test_eviction_follows_the_reuse_forecast_for_one_token_then_the_rate_again()
     policy.observe(0, [0])
     policy.observe(1, [0])
     policy.forecast(1, torch.zeros(4), torch.tensor([0]))
-    # D = d + L (1 - p) w, with the head's wait w in place of 1 / rate.
+    # The head's wait w in place of 1 / rate: a use after the next run is a geometric wait of mean w.
+    g = math.exp(-1 / DISCOUNT_TOKENS)
     for expert, wait in enumerate([2.0, 50.0]):
-        assert policy.distance((1, expert)) == pytest.approx(2 + 2 * (1 - policy.probability((1, expert))) * wait)
+        p = policy.probability((1, expert))
+        assert policy.use_value((1, expert)) == pytest.approx(p + (1 - p) * (g / wait) / (1 - (1 - 1 / wait) * g))
     assert policy.victim([(1, 0), (1, 1)]) == (1, 1)
     for layer in (0, 1, 0):  # a prefill began: the forecast no longer speaks for these runs
         policy.observe(layer, [0])
