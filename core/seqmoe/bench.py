@@ -317,6 +317,12 @@ def _optional(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def wrapped(title: str, width: int = 110) -> str:
+    """``title`` wrapped to ``width`` columns, each of its lines apart (``textwrap.fill`` alone
+    would run them together)."""
+    return "\n".join(textwrap.fill(line, width) for line in title.splitlines())
+
+
 def plot(rows: list[BenchRow], bounds: list[CopyBound], path: Path, title: str) -> None:
     """Throughput relative to ``full`` against cache ratio, one line per policy, and the bound no
     policy passes (needs matplotlib)."""
@@ -335,7 +341,7 @@ def plot(rows: list[BenchRow], bounds: list[CopyBound], path: Path, title: str) 
     axes.axhline(1.0, color="grey", linestyle="--", label="full")
     axes.set_xlabel("cache ratio (experts on the device / all experts)")
     axes.set_ylabel("decode throughput relative to full")
-    axes.set_title(textwrap.fill(title, 110), fontsize=8)
+    axes.set_title(wrapped(title), fontsize=8)
     axes.legend()
     figure.tight_layout()
     with writing(path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from seqmoe import Engine, Sampling, load_model
-from seqmoe.bench import run_bench
+from seqmoe.bench import run_bench, wrapped
 from seqmoe.cli import main
 from seqmoe.errors import SeqMoEError
 
@@ -112,3 +112,9 @@ def test_a_reply_that_ends_at_its_first_token_is_benched_with_the_others(mixtral
     (bound,) = result.bounds
     assert bound.copies_per_token <= lru.totals.total("decode_misses") / 5
     assert 0 < lru.ratio_to_full <= 1.5 and lru.copy_layers is not None
+
+
+def test_the_plot_title_keeps_its_lines_apart() -> None:
+    title = wrapped("Qwen3MoeForCausalLM, 15 prompts x 40 tokens; " + "link " * 30 + "\nseqmoe forecasts with the predictor p")
+    assert title.splitlines()[-1] == "seqmoe forecasts with the predictor p"
+    assert all(len(line) <= 110 for line in title.splitlines())
