@@ -131,7 +131,8 @@ class Policy:
         first token will use, so that eviction keeps them while prefill streams the rest."""
 
     def distance(self, key: ExpertKey) -> float | None:
-        """Expected MoE layers until ``key`` is used again; ``None`` if the policy cannot say."""
+        """MoE layers until ``key`` is used again, as the policy ranks it (the farthest is evicted);
+        ``None`` if the policy cannot say."""
         return None
 
     def stream_order(self, layer: int) -> Sequence[int]:
@@ -183,7 +184,7 @@ def next_layer_distribution(
 
 
 class BeladyPolicy(Policy):
-    """Eviction by expected next-use distance (see the module docstring)."""
+    """Eviction by the distance to the next use, its uncertain part discounted (see the module docstring)."""
 
     streams_prefill = True
 

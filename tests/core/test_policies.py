@@ -13,7 +13,7 @@ import torch
 
 from seqmoe.cache import ExpertCache
 from seqmoe.events import EventBus, ExpertEvicted, LayerRouted
-from seqmoe.policies import DISCOUNT_TOKENS, BeladyPolicy, Forecast, GatePolicy, OraclePolicy, Policy, SeqMoEPolicy
+from seqmoe.policies import DISCOUNT_TOKENS, LATER_DISCOUNT, BeladyPolicy, Forecast, GatePolicy, OraclePolicy, Policy, SeqMoEPolicy
 from seqmoe.simulate import SimulatedCopier, VirtualClock
 from seqmoe.store import HostStore
 from seqmoe.transfer import CopyJob, EmulatedCopier, JobState, take_queued
@@ -35,7 +35,7 @@ def test_farthest_expected_use_is_evicted() -> None:
     assert policy.distance((2, 0)) == pytest.approx(policy.distance((1, 0)) + 1)
     # Layer 3 is beyond the forecast: its prior (0.25) is both the chance of its layer's next run
     # and the rate after it, V = 0.25 + 0.75 * 0.25 g / (1 - 0.75 g), g = exp(-1 / 2).
-    g = math.exp(-1 / DISCOUNT_TOKENS)
+    g = LATER_DISCOUNT
     value = 0.25 + 0.75 * 0.25 * g / (1 - 0.75 * g)
     assert policy.distance((3, 0)) == pytest.approx(3 - DISCOUNT_TOKENS * LAYERS * math.log(value))
     assert policy.victim([(1, 0), (2, 0), (3, 0)]) == (3, 0)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
-from seqmoe.policies import DISCOUNT_TOKENS, SeqMoEPolicy
+from seqmoe.policies import LATER_DISCOUNT, SeqMoEPolicy
 from seqmoe.predictor.model import ExpertPredictor, PredictorConfig, load_predictor, save_predictor
 from seqmoe.predictor.reuse import REUSE_HORIZONS, ReuseHead, evaluate_reuse, expected_wait, reuse_samples, train_reuse
 from seqmoe.predictor.samples import split_documents
@@ -138,7 +136,7 @@ def test_eviction_follows_the_reuse_forecast_for_one_token_then_the_rate_again()
     policy.observe(1, [0])
     policy.forecast(1, torch.zeros(4), torch.tensor([0]))
     # The head's wait w in place of 1 / rate: a use after the next run is a geometric wait of mean w.
-    g = math.exp(-1 / DISCOUNT_TOKENS)
+    g = LATER_DISCOUNT
     for expert, wait in enumerate([2.0, 50.0]):
         p = policy.probability((1, expert))
         assert policy.use_value((1, expert)) == pytest.approx(p + (1 - p) * (g / wait) / (1 - (1 - 1 / wait) * g))
