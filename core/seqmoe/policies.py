@@ -256,7 +256,12 @@ class BeladyPolicy(Policy):
         return min(near, key=lambda key: (self.probability(key), self.recency(key), key))
 
     def remember(self, forecasts: Sequence[Forecast], layers: set[int]) -> None:
-        self.forecast_probability = {f.key: f.probability for f in forecasts}
+        # ``p`` is about the next run of the expert's layer: a forecast reaching past one token
+        # (a predictor trained with a horizon above the layer count) names a layer twice, and the
+        # later run's probability must not stand for the next one's.
+        self.forecast_probability = {}
+        for forecast in sorted(forecasts, key=lambda f: f.horizon):
+            self.forecast_probability.setdefault(forecast.key, forecast.probability)
         self.forecast_layers = layers
         self._distances.clear()
 

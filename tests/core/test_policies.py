@@ -59,6 +59,16 @@ def test_a_likely_use_next_token_outlives_an_unlikely_one_though_its_expected_di
     assert policy.victim([(2, 0), (2, 1)]) == (2, 1)
 
 
+def test_a_forecast_past_one_token_gives_each_layer_its_next_run() -> None:
+    """With a horizon above the layer count a layer comes twice; its next run's probability counts."""
+    policy = belady()
+    policy.observe(0, [0])
+    forecasts = [Forecast((1, 0), 0.9, 1), Forecast((1, 0), 0.1, 1 + LAYERS)]
+    for order in (forecasts, forecasts[::-1]):
+        policy.remember(order, {1})
+        assert policy.probability((1, 0)) == pytest.approx(0.9)
+
+
 def test_near_equal_distances_evict_the_lower_probability() -> None:
     policy = belady()
     policy.observe(0, [0])
