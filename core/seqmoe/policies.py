@@ -258,10 +258,9 @@ class BeladyPolicy(Policy):
     def remember(self, forecasts: Sequence[Forecast], layers: set[int]) -> None:
         # ``p`` is about the next run of the expert's layer: a forecast reaching past one token
         # (a predictor trained with a horizon above the layer count) names a layer twice, and the
-        # later run's probability must not stand for the next one's.
-        self.forecast_probability = {}
-        for forecast in sorted(forecasts, key=lambda f: f.horizon):
-            self.forecast_probability.setdefault(forecast.key, forecast.probability)
+        # later run's probability must not stand for the next one's: nearest horizon written last.
+        farthest_first = sorted(forecasts, key=lambda f: f.horizon, reverse=True)
+        self.forecast_probability = {f.key: f.probability for f in farthest_first}
         self.forecast_layers = layers
         self._distances.clear()
 
