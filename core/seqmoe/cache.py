@@ -19,9 +19,10 @@ a hit. Only when the copy starts is the victim evicted (counted and reported).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .events import (
@@ -255,9 +256,9 @@ class ExpertCache:
             # Without an admission rule, the victims must at least not be the forecast experts
             # already here (least recently used, the next layer's are often the oldest).
             forecast_keys = {f.key for f in forecasts}
-            candidates = [key for key in self._evictable() if key not in forecast_keys]
+            victims = self._victims(lambda key: key not in forecast_keys)
             for forecast in forecasts:
-                if forecast.key not in self.pool.slot_of and not self._prefetch(forecast.key, candidates, "decode", admit_all=True):
+                if forecast.key not in self.pool.slot_of and not self._prefetch(forecast.key, victims, "decode", admit_all=True):
                     break
             return
         best: dict[ExpertKey, Forecast] = {}
@@ -279,10 +280,11 @@ class ExpertCache:
             return int(horizon * self.layer_seconds / copy_seconds) - in_flight
 
         jobs = [Job(key, deadline(f.horizon), f.probability * copy_seconds, f.probability) for key, f in best.items()]
-        candidates = self._evictable()
-        room = len(self.pool.free) + len(candidates)
+        busy = self._busy_slots()
+        room = self.pool.size - len(busy)
+        victims = self._victims(busy=busy)
         for job in schedule(jobs, room, keep_late_above=KEEP_LATE_ABOVE):
-            if not self._prefetch(job.key, candidates, "decode", job.probability):
+            if not self._prefetch(job.key, victims, "decode", job.probability):
                 break
 
     def worth_prefetching(self, victim_reuse: float = 0.0) -> float:
@@ -310,30 +312,30 @@ class ExpertCache:
     def stream(self, layer: int, order: Sequence[int]) -> None:
         """Prefill: queue layer ``layer``'s experts in ``order`` while the layer before computes,
         without evicting any of them or anything pinned."""
-        candidates = [k for k in self._evictable() if k[0] != layer]
+        victims = self._victims(lambda key: key[0] != layer)
         for expert in order:
             key = (layer, expert)
-            if key not in self.pool.slot_of and not self._prefetch(key, candidates, "prefill", admit_all=True):
+            if key not in self.pool.slot_of and not self._prefetch(key, victims, "prefill", admit_all=True):
                 return
 
     def _prefetch(
-        self, key: ExpertKey, candidates: list[ExpertKey], phase: str, probability: float = 1.0, admit_all: bool = False
+        self, key: ExpertKey, victims: EvictionQueue, phase: str, probability: float = 1.0, admit_all: bool = False
     ) -> bool:
         """Queue a prefetch of ``key`` (used with ``probability``) for ``phase`` into a free slot or in
-        place of one of ``candidates`` (which loses its victim); False when there is no slot it deserves."""
+        place of the next of ``victims``; False when there is no slot it deserves."""
         if key in self._displaced_by:  # its weights are still in a slot; a re-plan or its layer reclaims them
             return True
         slot = self.pool.free_slot()
         if slot is None:
-            if not candidates:
+            victim = victims.peek()
+            if victim is None:
                 return False
-            victim = self.policy.victim(candidates)
             wanted, held = self.policy.distance(key), self.policy.distance(victim)
             if not admit_all and wanted is not None and held is not None:
                 reuse = min(1.0, self.host.num_layers / held)
                 if wanted >= held or probability <= self.worth_prefetching(reuse):
                     return False
-            candidates.remove(victim)
+            victims.take()
             slot = self.pool.slot_of[victim]
             self.pool.clear(slot)
             self._displaced[key], self._displaced_by[victim] = victim, key
@@ -428,12 +430,23 @@ class ExpertCache:
                 self.pool.pins[slot] = 0
                 self.copier.release(slot)
 
-    def _evictable(self) -> list[ExpertKey]:
-        return [
-            key
-            for slot, key in enumerate(self.pool.owner)
-            if key is not None and self.pool.pins[slot] == 0 and self.pool.state(slot) is SlotState.READY
-        ]
+    def _busy_slots(self) -> set[int]:
+        """The slots no victim may come from: pinned by a layer, or receiving a copy (a layer's own
+        misses are pinned; every other copy is a prefetch, queued in ``_queued``)."""
+        busy = set(np.flatnonzero(self.pool.pins).tolist())
+        busy.update(job.slot for job in self._queued.values() if self.pool.state(job.slot) is SlotState.LOADING)
+        return busy
+
+    def _victims(self, allowed: Callable[[ExpertKey], bool] | None = None, busy: set[int] | None = None) -> EvictionQueue:
+        """The ``allowed`` resident experts that may be evicted now, in the policy's order."""
+        busy = self._busy_slots() if busy is None else busy
+        slot_of = self.pool.slot_of
+
+        def evictable(key: ExpertKey) -> bool:
+            slot = slot_of.get(key)
+            return slot is not None and slot not in busy and (allowed is None or allowed(key))
+
+        return EvictionQueue(self.policy.eviction_order(self.pool.resident(), evictable))
 
     def _load(self, key: ExpertKey, phase: str, urgent: bool, slot: int | None = None) -> int:
         """Copy ``key`` into ``slot`` (by default a free one or the policy's victim's) for ``phase``."""
@@ -456,22 +469,22 @@ class ExpertCache:
 
     def _evict(self, phase: str) -> int:
         """Free the slot of the policy's choice among the evictable experts, for a demand load of ``phase``."""
-        candidates = self._evictable()
-        if not candidates:
+        victim = self._victims().peek()
+        if victim is None:
             # Prefetches hold every unpinned slot: a demand load outranks them all.
             self._cancel_queued()
             slot = self.pool.free_slot()
             if slot is not None:
                 return slot
-            candidates = self._evictable()
-            if not candidates:
+            victim = self._victims().peek()
+            if victim is None:
                 loading = list(self._queued.values())
                 if not loading:
                     raise RuntimeError("every cache slot is pinned; the cache is below its minimum size")
                 self.copier.wait(loading[0], phase)
                 self._settle_queued()
-                candidates = self._evictable()
-        victim = self.policy.victim(candidates)
+                victim = self._victims().peek()
+        assert victim is not None
         slot = self.pool.slot_of[victim]
         unused = victim in self._prefetched
         if unused:
@@ -481,6 +494,24 @@ class ExpertCache:
         if self.events.active:
             self.events.emit(ExpertEvicted(victim, unused))
         return slot
+
+
+class EvictionQueue:
+    """The victims a policy would evict, in its order, looked at before one is taken."""
+
+    def __init__(self, order: Iterator[ExpertKey]) -> None:
+        self._order = order
+        self._next = next(order, None)
+
+    def peek(self) -> ExpertKey | None:
+        """The next victim (``None``: none left)."""
+        return self._next
+
+    def take(self) -> ExpertKey:
+        victim = self._next
+        assert victim is not None
+        self._next = next(self._order, None)
+        return victim
 
 
 _SLOT_STATUS = {SlotState.EMPTY: SlotStatus.EMPTY, SlotState.LOADING: SlotStatus.LOADING, SlotState.READY: SlotStatus.READY}

@@ -234,9 +234,9 @@ class Engine:
     def _make_policy(self, name: str, future: list[tuple[int, frozenset[int]]] | None) -> Policy:
         experts, layers, top_k = self.loaded.host.layout.num_experts, self.loaded.host.num_layers, self.loaded.top_k
         if name == "full":
-            return FullPolicy(experts)
+            return FullPolicy(layers, experts)
         if name == "lru":
-            return LRUPolicy(experts)
+            return LRUPolicy(layers, experts)
         if name == "gate":
             return GatePolicy(self._look_ahead, experts, top_k)
         if name == "seqmoe":

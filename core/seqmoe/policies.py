@@ -52,12 +52,14 @@ eviction keeps the experts the reply starts with instead of those the prompt use
 
 from __future__ import annotations
 
-import bisect
+import heapq
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .routers import RouterLogits
@@ -99,7 +101,13 @@ class Forecast:
 
 
 class Policy:
-    """Base policy: reactive loading (no forecast) and least-recently-used eviction."""
+    """Base policy: reactive loading (no forecast) and least-recently-used eviction.
+
+    Eviction ranks every resident expert at every layer, and a large model's cache holds
+    thousands: the ranks are computed over ``[L, E]`` NumPy tables, and only the few victims
+    a layer takes are looked at one by one. Experts are passed to it as flat indices,
+    ``layer * num_experts + expert`` (``flat_indices``).
+    """
 
     name = "base"
     streams_prefill = False
@@ -108,9 +116,11 @@ class Policy:
     """Whether every forecast is loaded as it comes (the peers' speculative loading), instead
     of passing the cache's admission rule and deadline schedule."""
 
-    def __init__(self, num_experts: int) -> None:
+    def __init__(self, num_layers: int, num_experts: int) -> None:
+        self.num_layers = num_layers
         self.num_experts = num_experts
-        self._last_use: dict[ExpertKey, int] = {}
+        self.last_use = np.zeros((num_layers, num_experts), dtype=np.int64)
+        """The clock of each expert's last use (0: never used)."""
         self._clock = 0
         self.layer = 0
 
@@ -118,8 +128,7 @@ class Policy:
         """Record that MoE layer ``layer`` uses ``experts`` now."""
         self._clock += 1
         self.layer = layer
-        for expert in experts:
-            self._last_use[(layer, expert)] = self._clock
+        self.last_use[layer, list(experts)] = self._clock
 
     def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
         """Experts of the next layers worth loading, after layer ``layer`` routed one decode token."""
@@ -139,12 +148,29 @@ class Policy:
         """The order in which prefill streams a layer's experts: most used first when known."""
         return range(self.num_experts)
 
+    def eviction_order(self, resident: np.ndarray, evictable: Callable[[ExpertKey], bool]) -> Iterator[ExpertKey]:
+        """The ``evictable`` experts among ``resident`` (flat indices), the first to evict first:
+        here the least recently used, ties to the lowest (layer, expert)."""
+        ranked = resident[np.lexsort((resident, self.last_use.ravel()[resident]))]
+        return self._keys(ranked, evictable)
+
     def victim(self, candidates: Sequence[ExpertKey]) -> ExpertKey:
-        """The resident expert to evict; ties go to the lowest (layer, expert)."""
-        return min(candidates, key=lambda key: (self._last_use.get(key, 0), key))
+        """The first of ``candidates`` to evict."""
+        return next(self.eviction_order(flat_indices(candidates, self.num_experts), lambda key: True))
 
     def recency(self, key: ExpertKey) -> int:
-        return self._last_use.get(key, 0)
+        return int(self.last_use[key])
+
+    def _keys(self, ranked: np.ndarray, evictable: Callable[[ExpertKey], bool]) -> Iterator[ExpertKey]:
+        for index in ranked.tolist():
+            key = divmod(index, self.num_experts)
+            if evictable(key):
+                yield key
+
+
+def flat_indices(keys: Sequence[ExpertKey], num_experts: int) -> np.ndarray:
+    """``layer * num_experts + expert`` of each key, as the policies' tables are laid out."""
+    return np.array([layer * num_experts + expert for layer, expert in keys], dtype=np.int64)
 
 
 class LRUPolicy(Policy):
@@ -154,7 +180,7 @@ class LRUPolicy(Policy):
 class FullPolicy(Policy):
     name = "full"
 
-    def victim(self, candidates: Sequence[ExpertKey]) -> ExpertKey:
+    def eviction_order(self, resident: np.ndarray, evictable: Callable[[ExpertKey], bool]) -> Iterator[ExpertKey]:
         raise RuntimeError("the full policy keeps every expert resident and never evicts")
 
 
@@ -166,7 +192,7 @@ class GatePolicy(Policy):
     speculative = True
 
     def __init__(self, routers: list[RouterLogits], num_experts: int, top_k: int) -> None:
-        super().__init__(num_experts)
+        super().__init__(len(routers), num_experts)
         self.routers = routers
         self.top_k = top_k
 
@@ -189,80 +215,103 @@ class BeladyPolicy(Policy):
     streams_prefill = True
 
     def __init__(self, num_layers: int, prior: torch.Tensor) -> None:
-        super().__init__(prior.shape[1])
-        self.num_layers = num_layers
+        super().__init__(num_layers, prior.shape[1])
         self.prior = prior.clamp(MIN_PROBABILITY, 1.0)
         self.usage = UsageHistory(self.prior)
-        self.forecast_probability: dict[ExpertKey, float] = {}
-        self.forecast_layers: set[int] = set()
-        self.waits: list[list[float]] | None = None
-        """The reuse forecast's expected waits in tokens (see the module docstring), when fresh."""
+        self._forecast = np.zeros((num_layers, self.num_experts))
+        """The forecast probability of each expert of the layers in ``_forecast_rows``."""
+        self._forecast_rows = np.zeros(num_layers, dtype=bool)
+        self.waits: np.ndarray | None = None
+        """The reuse forecast's expected waits in tokens (see the module docstring), ``[L, E]``."""
         self._waits_at = 0
         self._waits_for = 1
         """Tokens the last reuse forecast speaks for."""
-        self._distances: dict[ExpertKey, float] = {}
-        """``distance`` of the experts asked for since the last use, forecast or reuse forecast
-        (``observe``, ``remember``, ``_forecast_reuse``): a re-plan asks for every resident expert
-        at each victim it picks."""
+        self._tables: tuple[np.ndarray, np.ndarray] | None = None
+        """``(p, D)`` of every expert, ``[L, E]`` each, until the next use, forecast or reuse
+        forecast (``observe``, ``remember``, ``_forecast_reuse``) changes them."""
 
     def observe(self, layer: int, experts: Sequence[int]) -> None:
         super().observe(layer, experts)
         self.usage.record(layer, experts)
-        self._distances.clear()
+        self._tables = None
 
     def probability(self, key: ExpertKey) -> float:
         """That the next run of the expert's layer uses it."""
-        if key[0] in self.forecast_layers:
-            return max(self.forecast_probability.get(key, 0.0), MIN_PROBABILITY)
-        return self.recent_rate(key)
+        return float(self._ranking()[0][key])
 
-    def recent_rate(self, key: ExpertKey) -> float:
-        return max(self.usage.rate[key[0]][key[1]], MIN_PROBABILITY)
+    def distance(self, key: ExpertKey) -> float:
+        return float(self._ranking()[1][key])
 
-    def wait(self, key: ExpertKey) -> float:
-        """Expected tokens after the next run of its layer until the expert is used, if not then."""
+    def stream_order(self, layer: int) -> Sequence[int]:
+        return self.prior[layer].argsort(descending=True).tolist()
+
+    def recent_rates(self) -> np.ndarray:
+        """``[L, E]``: each expert's recent rate of use per run of its layer."""
+        return np.maximum(self.usage.rate, MIN_PROBABILITY)
+
+    def expected_waits(self) -> np.ndarray:
+        """``[L, E]``: expected tokens after the next run of its layer until each expert is used, if not then."""
         # The reuse forecast is made after a token's last layer and speaks for the next tokens
         # until the next one; once more layers than that have run (a prefill began), the rate
         # speaks again. An expert used since the forecast was made has news the forecast lacks:
         # its rate, updated by that use, speaks for it (simulated on the held-out chat, this
         # cut the copies at every cache ratio tried: 5.17 to 5.11 per token at 0.45).
-        fresh = self._clock - self._waits_at <= self.num_layers * self._waits_for
-        if self.waits is not None and fresh and self._last_use.get(key, 0) <= self._waits_at:
-            return self.waits[key[0]][key[1]]
-        return 1.0 / self.recent_rate(key)
+        wait = 1.0 / self.recent_rates()
+        if self.waits is not None and self._clock - self._waits_at <= self.num_layers * self._waits_for:
+            wait = np.where(self.last_use <= self._waits_at, self.waits, wait)
+        return wait
 
-    def stream_order(self, layer: int) -> Sequence[int]:
-        return self.prior[layer].argsort(descending=True).tolist()
-
-    def distance(self, key: ExpertKey) -> float:
-        known = self._distances.get(key)
-        if known is None:
+    def _ranking(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(p, D)`` of every expert (see the module docstring)."""
+        if self._tables is None:
             layers = self.num_layers
-            steps = (key[0] - self.layer) % layers or layers
-            known = self._distances[key] = steps + layers * DISCOUNT_TOKENS * -math.log(self.use_value(key))
-        return known
+            p = np.where(self._forecast_rows[:, None], np.maximum(self._forecast, MIN_PROBABILITY), self.recent_rates())
+            later_rate = 1.0 / np.maximum(self.expected_waits(), 1.0)
+            later = later_rate * LATER_DISCOUNT / (1.0 - (1.0 - later_rate) * LATER_DISCOUNT)
+            value = np.maximum(p + (1.0 - p) * later, MIN_PROBABILITY)
+            steps = (np.arange(layers) - self.layer) % layers
+            steps[steps == 0] = layers
+            self._tables = p, steps[:, None] + layers * DISCOUNT_TOKENS * -np.log(value)
+        return self._tables
 
-    def use_value(self, key: ExpertKey) -> float:
-        """``V``: the expert's next use, discounted by ``exp(-1 / DISCOUNT_TOKENS)`` a token,
-        counted from its layer's next run (see the module docstring)."""
-        p, rate = self.probability(key), 1.0 / max(self.wait(key), 1.0)
-        later = rate * LATER_DISCOUNT / (1.0 - (1.0 - rate) * LATER_DISCOUNT)
-        return max(p + (1.0 - p) * later, MIN_PROBABILITY)
-
-    def victim(self, candidates: Sequence[ExpertKey]) -> ExpertKey:
-        distances = {key: self.distance(key) for key in candidates}
-        farthest = max(distances.values())
-        near = [key for key in candidates if distances[key] >= farthest - NEAR]
-        return min(near, key=lambda key: (self.probability(key), self.recency(key), key))
+    def eviction_order(self, resident: np.ndarray, evictable: Callable[[ExpertKey], bool]) -> Iterator[ExpertKey]:
+        """The farthest first; the candidates within ``NEAR`` of the farthest left count as equally
+        far, and among them the least probable goes first, then the least recently used."""
+        p, distance = self._ranking()
+        ranked = resident[np.argsort(-distance.ravel()[resident])]
+        farthest_first = ((distance[key], key) for key in self._keys(ranked, evictable))
+        near: list[tuple[float, int, ExpertKey]] = []
+        waiting: deque[tuple[float, ExpertKey]] = deque()
+        """The near candidates in the order they came, so the farthest left is found among them."""
+        taken: set[ExpertKey] = set()
+        following = next(farthest_first, None)
+        while True:
+            while waiting and waiting[0][1] in taken:
+                taken.discard(waiting.popleft()[1])
+            farthest = waiting[0][0] if waiting else following[0] if following is not None else None
+            if farthest is None:
+                return
+            while following is not None and following[0] >= farthest - NEAR:
+                key = following[1]
+                waiting.append(following)
+                heapq.heappush(near, (p[key], self.recency(key), key))
+                following = next(farthest_first, None)
+            key = heapq.heappop(near)[2]
+            taken.add(key)
+            yield key
 
     def remember(self, forecasts: Sequence[Forecast], layers: set[int]) -> None:
         # ``p`` is about the next run of the expert's layer: a forecast reaching past one token
         # (a predictor trained with a horizon above the layer count) names a layer twice, and the
         # later run's probability must not stand for the next one's: nearest horizon written last.
         farthest_first = sorted(forecasts, key=lambda f: f.horizon, reverse=True)
-        self.forecast_probability = {f.key: f.probability for f in farthest_first}
-        self.forecast_layers = layers
-        self._distances.clear()
+        probability = {f.key: f.probability for f in farthest_first}
+        self._forecast.fill(0.0)
+        if probability:
+            self._forecast[tuple(zip(*probability))] = list(probability.values())
+        self._forecast_rows.fill(False)
+        self._forecast_rows[list(layers)] = True
+        self._tables = None
 
 
 class SeqMoEPolicy(BeladyPolicy):
@@ -361,9 +410,9 @@ class SeqMoEPolicy(BeladyPolicy):
 
     def _forecast_reuse(self, hidden: torch.Tensor) -> None:
         start = self.clock()
-        self.waits = self.reuse(hidden.reshape(-1), *self.usage.features()).tolist()
+        self.waits = self.reuse(hidden.reshape(-1), *self.usage.features()).double().numpy()
         self._waits_at, self._waits_for, self._tokens_since_reuse = self._clock, self.reuse_stride, 0
-        self._distances.clear()
+        self._tables = None
         seconds = self.clock() - start
         self.reuse_seconds += seconds
         self._reuse_call_seconds = _smoothed(self._reuse_call_seconds, seconds)
@@ -383,11 +432,11 @@ class SeqMoEPolicy(BeladyPolicy):
         return self.predict(hidden.reshape(-1), layer, routed.reshape(-1)).float().cpu()[: self.horizon]
 
     def _forecasts(self, layer: int, probs: torch.Tensor) -> list[Forecast]:
+        probs = probs.double().numpy()
+        horizons, experts = np.nonzero(probs >= self.min_probability)
         return [
             Forecast(((layer + h + 1) % self.num_layers, expert), p, h + 1)
-            for h, row in enumerate(probs.tolist())
-            for expert, p in enumerate(row)
-            if p >= self.min_probability
+            for h, expert, p in zip(horizons.tolist(), experts.tolist(), probs[horizons, experts].tolist())
         ]
 
 
@@ -422,25 +471,37 @@ class OraclePolicy(BeladyPolicy):
         self.horizon = horizon if lookahead is None else min(horizon, lookahead)  # it forecasts no further than it sees
         self.lookahead = lookahead
         self.position = -1
-        self._uses: dict[ExpertKey, list[int]] = {}
-        for position, (layer, experts) in enumerate(future):
+        self._next_use = np.full((num_layers, num_experts), _NEVER, dtype=np.int64)
+        """The position of each expert's next use after ``position``."""
+        self._following: list[dict[int, int]] = [{} for _ in future]
+        """At each position, the position of each expert's use after it."""
+        for position in reversed(range(len(future))):
+            layer, experts = future[position]
             for expert in experts:
-                self._uses.setdefault((layer, expert), []).append(position)
+                self._following[position][expert] = int(self._next_use[layer, expert])
+                self._next_use[layer, expert] = position
 
     def observe(self, layer: int, experts: Sequence[int]) -> None:
         super().observe(layer, experts)
         self.position += 1
+        if self.position < len(self.future):
+            used_layer, _ = self.future[self.position]
+            for expert, following in self._following[self.position].items():
+                self._next_use[used_layer, expert] = following
 
     def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
         upcoming = self.future[self.position + 1 : self.position + 1 + self.horizon]
         return [Forecast((target, e), 1.0, h) for h, (target, experts) in enumerate(upcoming, 1) for e in sorted(experts)]
 
     def distance(self, key: ExpertKey) -> float:
-        uses = self._uses.get(key, [])
-        index = bisect.bisect_right(uses, self.position)
-        if index == len(uses) or (self.lookahead is not None and uses[index] - self.position > self.lookahead):
-            return float("inf")
-        return float(uses[index] - self.position)
+        return float(self._distances(self._next_use[key]))
+
+    def _distances(self, next_use: np.ndarray) -> np.ndarray:
+        steps = (next_use - self.position).astype(np.float64)
+        unseen = next_use == _NEVER
+        if self.lookahead is not None:
+            unseen |= steps > self.lookahead
+        return np.where(unseen, np.inf, steps)
 
     def stream_order(self, layer: int) -> Sequence[int]:
         for used_layer, experts in self.future[self.position + 1 :]:
@@ -448,5 +509,12 @@ class OraclePolicy(BeladyPolicy):
                 return sorted(experts)
         return ()
 
-    def victim(self, candidates: Sequence[ExpertKey]) -> ExpertKey:
-        return max(candidates, key=lambda key: (self.distance(key), -self.recency(key), key))
+    def eviction_order(self, resident: np.ndarray, evictable: Callable[[ExpertKey], bool]) -> Iterator[ExpertKey]:
+        """The farthest first, then the least recently used, then the highest (layer, expert)."""
+        distance = self._distances(self._next_use.ravel()[resident])
+        ranked = resident[np.lexsort((-resident, self.last_use.ravel()[resident], -distance))]
+        return self._keys(ranked, evictable)
+
+
+_NEVER = 2**62
+"""The oracle's next use of an expert the future does not use again."""

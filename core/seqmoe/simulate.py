@@ -341,7 +341,7 @@ def _policy(
 ) -> Policy:
     layers, experts = traces.experts.shape[1], traces.probs.shape[-1]
     if name == "lru":
-        return LRUPolicy(experts)
+        return LRUPolicy(layers, experts)
     if name == "gate":
         if routers is None:
             raise ValueError("the gate policy needs the traced model's routers")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 RATE_SMOOTHING = 1 / 32
@@ -25,23 +26,21 @@ class UsageHistory:
     """Per (layer, expert): the rate of use per run of its layer, an exponential average over
     about ``1 / RATE_SMOOTHING`` runs that starts from ``prior``, and the runs since its last use.
 
-    Plain lists of floats: the policy reads single entries at every eviction.
+    NumPy arrays of doubles: eviction ranks every resident expert from them at every layer.
     """
 
     def __init__(self, prior: torch.Tensor) -> None:
-        self.rate: list[list[float]] = prior.clamp(MIN_RATE, 1.0).tolist()
-        self.age: list[list[float]] = [[float(AGE_CAP)] * len(row) for row in self.rate]
+        self.rate: np.ndarray = prior.clamp(MIN_RATE, 1.0).double().numpy().copy()
+        self.age: np.ndarray = np.full(self.rate.shape, float(AGE_CAP))
 
     def record(self, layer: int, experts: Sequence[int]) -> None:
         """A run of ``layer`` used ``experts``."""
         rate, age = self.rate[layer], self.age[layer]
-        for expert in range(len(rate)):
-            rate[expert] *= 1.0 - RATE_SMOOTHING
-            age[expert] = min(age[expert] + 1.0, AGE_CAP)
-        for expert in experts:
-            rate[expert] += RATE_SMOOTHING
-            age[expert] = 0.0
+        rate *= 1.0 - RATE_SMOOTHING
+        np.minimum(age + 1.0, AGE_CAP, out=age)
+        rate[list(experts)] += RATE_SMOOTHING
+        age[list(experts)] = 0.0
 
     def features(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(rate, age)``, each ``[L, E]``."""
-        return torch.tensor(self.rate), torch.tensor(self.age)
+        return torch.from_numpy(self.rate).float(), torch.from_numpy(self.age).float()

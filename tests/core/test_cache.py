@@ -31,7 +31,7 @@ class FakeExperts(nn.Module):
 def cache() -> ExpertCache:
     host = HostStore([FakeExperts(layer) for layer in range(3)], pin=False)
     copier = EmulatedCopier(gbytes_per_s=100.0, latency_s=0.0)
-    yield ExpertCache(host, size=3, device=torch.device("cpu"), copier=copier, policy=LRUPolicy(4), events=EventBus())
+    yield ExpertCache(host, size=3, device=torch.device("cpu"), copier=copier, policy=LRUPolicy(3, 4), events=EventBus())
     copier.close()
 
 

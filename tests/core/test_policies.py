@@ -13,9 +13,20 @@ import torch
 
 from seqmoe.cache import ExpertCache
 from seqmoe.events import EventBus, ExpertEvicted, LayerRouted
-from seqmoe.policies import DISCOUNT_TOKENS, LATER_DISCOUNT, BeladyPolicy, Forecast, GatePolicy, OraclePolicy, Policy, SeqMoEPolicy
+from seqmoe.policies import (
+    DISCOUNT_TOKENS,
+    LATER_DISCOUNT,
+    NEAR,
+    BeladyPolicy,
+    Forecast,
+    GatePolicy,
+    OraclePolicy,
+    Policy,
+    SeqMoEPolicy,
+    flat_indices,
+)
 from seqmoe.simulate import SimulatedCopier, VirtualClock
-from seqmoe.store import HostStore
+from seqmoe.store import HostStore, SlotState
 from seqmoe.transfer import CopyJob, EmulatedCopier, JobState, take_queued
 
 from .test_cache import FakeExperts
@@ -86,6 +97,32 @@ def test_equal_scores_evict_the_least_recently_used() -> None:
     assert policy.victim([(3, 1), (3, 2)]) == (3, 2)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_the_eviction_order_is_the_victim_rule_applied_again_and_again(seed: int) -> None:
+    """Belady's order, built once per re-plan, against its rule applied to what is left each time:
+    the farthest, then within ``NEAR`` of it the least probable, then the least recently used."""
+    rng = random.Random(seed)
+    layers, experts = 4, 8
+    prior = torch.tensor([[rng.choice((0.05, 0.2, 0.21, 0.5)) for _ in range(experts)] for _ in range(layers)])
+    policy = BeladyPolicy(layers, prior)
+    for step in range(rng.randint(1, 12)):
+        policy.observe(step % layers, rng.sample(range(experts), 2))
+    ahead = [(policy.layer + h) % layers for h in (1, 2)]
+    policy.remember([Forecast((j, e), rng.choice((0.1, 0.3, 0.32, 0.9)), h) for h, j in enumerate(ahead, 1)
+                     for e in rng.sample(range(experts), 3)], set(ahead))
+    resident = rng.sample([(j, e) for j in range(layers) for e in range(experts)], 20)
+    pinned = set(rng.sample(resident, 3))
+
+    left, expected = [key for key in resident if key not in pinned], []
+    while left:
+        farthest = max(policy.distance(key) for key in left)
+        near = [key for key in left if policy.distance(key) >= farthest - NEAR]
+        expected.append(min(near, key=lambda key: (policy.probability(key), policy.recency(key), key)))
+        left.remove(expected[-1])
+    order = policy.eviction_order(flat_indices(resident, experts), lambda key: key not in pinned)
+    assert list(order) == expected
+
+
 def test_a_distance_asked_before_news_is_asked_again_after_it() -> None:
     """Eviction keeps the distances a re-plan asks for; a forecast, a reuse forecast or a use since
     then moves them."""
@@ -153,6 +190,11 @@ def fake_host() -> HostStore:
     return HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pin=False)
 
 
+def unused_routers() -> list[torch.nn.Module]:
+    """Routers for a gate policy whose forecasts a test passes to ``plan`` itself."""
+    return [torch.nn.Linear(2, EXPERTS) for _ in range(LAYERS)]
+
+
 def make_cache(size: int, policy: Policy, gbps: float = 50.0) -> ExpertCache:
     copier = EmulatedCopier(gbytes_per_s=gbps, latency_s=0.0)
     return ExpertCache(fake_host(), size=size, device=torch.device("cpu"), copier=copier, policy=policy, events=EventBus())
@@ -197,7 +239,7 @@ def test_the_busier_the_link_the_likelier_a_prefetch_must_be() -> None:
 
 
 def test_gate_loads_every_guess_as_mixtral_offloading_does() -> None:
-    cache = make_cache(3, GatePolicy([], EXPERTS, top_k=2))
+    cache = make_cache(3, GatePolicy(unused_routers(), EXPERTS, top_k=2))
     cache.link_load = 9.0  # seqmoe's admission would refuse anything below 0.9 here
     cache.release(cache.acquire(0, [0], prefill=False))
     cache.plan([Forecast((1, 2), 0.3, 1), Forecast((1, 3), 0.2, 1)])
@@ -206,7 +248,7 @@ def test_gate_loads_every_guess_as_mixtral_offloading_does() -> None:
 
 
 def test_gate_evicts_none_of_its_guesses_to_load_another() -> None:
-    cache = make_cache(3, GatePolicy([], EXPERTS, top_k=2))
+    cache = make_cache(3, GatePolicy(unused_routers(), EXPERTS, top_k=2))
     for layer, expert in [(1, 0), (2, 1)]:
         cache.release(cache.acquire(layer, [expert], prefill=False))
     slots = cache.acquire(0, [2], prefill=False)
@@ -332,6 +374,11 @@ def run_random_chat(cache: ExpertCache, policy: SeqMoEPolicy, rng: random.Random
                 cache.stream(layer + 1, policy.stream_order(layer + 1))
         else:
             cache.plan(policy.forecast(layer, torch.zeros(1), torch.tensor(experts)))
+        # Victims are chosen outside the slots the cache counts as busy: every slot that is pinned or
+        # receiving a copy must be among them (asked first: a link may finish a copy meanwhile).
+        busy = cache._busy_slots()
+        pool = cache.pool
+        assert {s for s in range(size) if pool.pins[s] or pool.state(s) is SlotState.LOADING} <= busy
         pause()
         values = [cache.pool.tensors["down_proj"][s][0, 0].item() for s in slots]
         assert values == [100.0 * layer + e for e in experts], f"cache of {size}, step {step}"
@@ -404,8 +451,9 @@ def test_an_expert_used_since_the_reuse_forecast_is_ranked_by_its_rate() -> None
         policy.observe(layer, [0])
         policy.forecast(layer, torch.zeros(4), torch.tensor([0]))
     policy.observe(0, [1])  # the next token's first layer uses (0, 1), which the forecast did not know
-    assert policy.wait((0, 2)) == 50.0
-    assert policy.wait((0, 1)) == pytest.approx(1 / policy.recent_rate((0, 1)))
+    waits = policy.expected_waits()
+    assert waits[0, 2] == 50.0
+    assert waits[0, 1] == pytest.approx(1 / policy.recent_rates()[0, 1]) and waits[0, 1] < 10
 
 
 def test_a_reuse_forecast_dearer_than_half_the_budget_runs_every_few_tokens() -> None:
@@ -424,7 +472,7 @@ def test_a_reuse_forecast_dearer_than_half_the_budget_runs_every_few_tokens() ->
         policy.forecast(step % LAYERS, torch.zeros(4), torch.tensor([0]))
         clock.now += 10.0
         if step == 9 * LAYERS - 2:  # two tokens after the last forecast, within its three
-            assert policy.wait((1, 1)) == 7.0
+            assert policy.expected_waits()[1, 1] == 7.0
     assert policy.reuse_stride == 3
     assert [b - a for a, b in zip(calls, calls[1:])] == [3 * LAYERS] * (len(calls) - 1)
 
@@ -459,7 +507,7 @@ def test_the_prompts_last_token_forecasts_the_replys_first_layers_up_to_this_one
         assert policy.probability((layer, 2)) == pytest.approx(0.9)
         assert policy.probability((layer, 0)) < 0.01
     # Layer 3 is still the prompt's: what prefill streams there says nothing of the reply.
-    assert policy.probability((3, 2)) == policy.probability((3, 0)) == policy.recent_rate((3, 0))
+    assert policy.probability((3, 2)) == policy.probability((3, 0)) == policy.recent_rates()[3, 0]
     assert policy.calls == 0, "prefill forecasts are not part of the decode cost"
 
 
@@ -467,7 +515,7 @@ def test_a_forecast_that_does_not_reach_past_the_prompt_changes_nothing() -> Non
     policy = SeqMoEPolicy(_first_reply_predictor(2, horizon=1), LAYERS, torch.full((LAYERS, EXPERTS), 0.3))
     policy.observe(0, list(range(EXPERTS)))
     policy.look_past_prompt(1, torch.zeros(4), torch.tensor([2]))
-    assert all(policy.probability((0, e)) == policy.recent_rate((0, e)) for e in range(EXPERTS))
+    assert all(policy.probability((0, e)) == policy.recent_rates()[0, e] for e in range(EXPERTS))
 
 
 def test_prefill_keeps_the_experts_the_reply_starts_with() -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from seqmoe.policies import LATER_DISCOUNT, SeqMoEPolicy
+from seqmoe.policies import DISCOUNT_TOKENS, LATER_DISCOUNT, SeqMoEPolicy
 from seqmoe.predictor.model import ExpertPredictor, PredictorConfig, load_predictor, save_predictor
 from seqmoe.predictor.reuse import REUSE_HORIZONS, ReuseHead, evaluate_reuse, expected_wait, reuse_samples, train_reuse
 from seqmoe.predictor.samples import split_documents
@@ -68,10 +70,10 @@ def test_samples_label_the_next_uses_after_each_decode_token() -> None:
 
 def test_age_counts_runs_since_the_last_use_up_to_its_cap() -> None:
     history = UsageHistory(torch.full((1, 2), 0.5))
-    assert history.age[0] == [AGE_CAP, AGE_CAP]
+    assert history.age[0].tolist() == [AGE_CAP, AGE_CAP]
     history.record(0, [1])
     history.record(0, [0])
-    assert history.age[0] == [0.0, 1.0]
+    assert history.age[0].tolist() == [0.0, 1.0]
     assert history.rate[0][1] == pytest.approx(0.5 * (1 - RATE_SMOOTHING) ** 2 + RATE_SMOOTHING * (1 - RATE_SMOOTHING))
 
 
@@ -139,11 +141,12 @@ def test_eviction_follows_the_reuse_forecast_for_one_token_then_the_rate_again()
     g = LATER_DISCOUNT
     for expert, wait in enumerate([2.0, 50.0]):
         p = policy.probability((1, expert))
-        assert policy.use_value((1, expert)) == pytest.approx(p + (1 - p) * (g / wait) / (1 - (1 - 1 / wait) * g))
+        value = p + (1 - p) * (g / wait) / (1 - (1 - 1 / wait) * g)
+        assert policy.distance((1, expert)) == pytest.approx(2 - 2 * DISCOUNT_TOKENS * math.log(value))  # layer 1 runs again in 2
     assert policy.victim([(1, 0), (1, 1)]) == (1, 1)
     for layer in (0, 1, 0):  # a prefill began: the forecast no longer speaks for these runs
         policy.observe(layer, [0])
-    assert policy.wait((1, 1)) == pytest.approx(1 / policy.recent_rate((1, 1)))
+    assert policy.expected_waits()[1, 1] == pytest.approx(1 / policy.recent_rates()[1, 1])
     assert policy.victim([(1, 0), (1, 1)]) == (1, 1)  # now by its lower rate of use
 
 
