@@ -36,7 +36,7 @@ from .events import (
     SlotStatus,
     Stall,
 )
-from .policies import Forecast, Policy
+from .policies import Forecast, Policy, flat_indices
 from .scheduler import Job, schedule
 from .store import HostStore, SlotPool, SlotState
 from .transfer import Copier, CopyJob, ExpertKey, JobState, MeasuredStall
@@ -255,8 +255,7 @@ class ExpertCache:
         if self.policy.speculative:
             # Without an admission rule, the victims must at least not be the forecast experts
             # already here (least recently used, the next layer's are often the oldest).
-            forecast_keys = {f.key for f in forecasts}
-            victims = self._victims(lambda key: key not in forecast_keys)
+            victims = self._victims(excluded=flat_indices([f.key for f in forecasts], self.host.layout.num_experts))
             for forecast in forecasts:
                 if forecast.key not in self.pool.slot_of and not self._prefetch(forecast.key, victims, "decode", admit_all=True):
                     break
@@ -280,9 +279,9 @@ class ExpertCache:
             return int(horizon * self.layer_seconds / copy_seconds) - in_flight
 
         jobs = [Job(key, deadline(f.horizon), f.probability * copy_seconds, f.probability) for key, f in best.items()]
-        busy = self._busy_slots()
-        room = self.pool.size - len(busy)
-        victims = self._victims(busy=busy)
+        candidates = self._candidates()
+        room = len(self.pool.free) + len(candidates)
+        victims = EvictionQueue(self.policy.eviction_order(candidates))
         for job in schedule(jobs, room, keep_late_above=KEEP_LATE_ABOVE):
             if not self._prefetch(job.key, victims, "decode", job.probability):
                 break
@@ -312,7 +311,8 @@ class ExpertCache:
     def stream(self, layer: int, order: Sequence[int]) -> None:
         """Prefill: queue layer ``layer``'s experts in ``order`` while the layer before computes,
         without evicting any of them or anything pinned."""
-        victims = self._victims(lambda key: key[0] != layer)
+        experts = self.host.layout.num_experts
+        victims = self._victims(excluded=np.arange(layer * experts, (layer + 1) * experts))
         for expert in order:
             key = (layer, expert)
             if key not in self.pool.slot_of and not self._prefetch(key, victims, "prefill", admit_all=True):
@@ -430,23 +430,19 @@ class ExpertCache:
                 self.pool.pins[slot] = 0
                 self.copier.release(slot)
 
-    def _busy_slots(self) -> set[int]:
-        """The slots no victim may come from: pinned by a layer, or receiving a copy (a layer's own
-        misses are pinned; every other copy is a prefetch, queued in ``_queued``)."""
-        busy = set(np.flatnonzero(self.pool.pins).tolist())
-        busy.update(job.slot for job in self._queued.values() if self.pool.state(job.slot) is SlotState.LOADING)
-        return busy
+    def _candidates(self, excluded: np.ndarray | None = None) -> np.ndarray:
+        """The experts that may be evicted now, as flat indices (``policies.flat_indices``): held in
+        a slot that no layer has pinned and that no copy is filling, and not ``excluded``."""
+        pool = self.pool
+        usable = pool.pins == 0
+        # A layer's own misses are pinned until their copies land; every other copy is a prefetch.
+        usable[[job.slot for job in self._queued.values() if pool.state(job.slot) is SlotState.LOADING]] = False
+        candidates = pool.held[usable]
+        candidates = candidates[candidates >= 0]
+        return candidates if excluded is None else candidates[~np.isin(candidates, excluded)]
 
-    def _victims(self, allowed: Callable[[ExpertKey], bool] | None = None, busy: set[int] | None = None) -> EvictionQueue:
-        """The ``allowed`` resident experts that may be evicted now, in the policy's order."""
-        busy = self._busy_slots() if busy is None else busy
-        slot_of = self.pool.slot_of
-
-        def evictable(key: ExpertKey) -> bool:
-            slot = slot_of.get(key)
-            return slot is not None and slot not in busy and (allowed is None or allowed(key))
-
-        return EvictionQueue(self.policy.eviction_order(self.pool.resident(), evictable))
+    def _victims(self, excluded: np.ndarray | None = None) -> EvictionQueue:
+        return EvictionQueue(self.policy.eviction_order(self._candidates(excluded)))
 
     def _load(self, key: ExpertKey, phase: str, urgent: bool, slot: int | None = None) -> int:
         """Copy ``key`` into ``slot`` (by default a free one or the policy's victim's) for ``phase``."""
@@ -497,20 +493,23 @@ class ExpertCache:
 
 
 class EvictionQueue:
-    """The victims a policy would evict, in its order, looked at before one is taken."""
+    """The victims a policy would evict, in its order, each looked at before it is taken (and
+    found only when asked for: finding one costs a pass over the candidates)."""
 
     def __init__(self, order: Iterator[ExpertKey]) -> None:
         self._order = order
-        self._next = next(order, None)
+        self._next: list[ExpertKey | None] = []
 
     def peek(self) -> ExpertKey | None:
         """The next victim (``None``: none left)."""
-        return self._next
+        if not self._next:
+            self._next.append(next(self._order, None))
+        return self._next[0]
 
     def take(self) -> ExpertKey:
-        victim = self._next
+        victim = self.peek()
         assert victim is not None
-        self._next = next(self._order, None)
+        self._next.clear()
         return victim
 
 

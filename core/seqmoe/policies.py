@@ -52,10 +52,8 @@ eviction keeps the experts the reply starts with instead of those the prompt use
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -148,24 +146,20 @@ class Policy:
         """The order in which prefill streams a layer's experts: most used first when known."""
         return range(self.num_experts)
 
-    def eviction_order(self, resident: np.ndarray, evictable: Callable[[ExpertKey], bool]) -> Iterator[ExpertKey]:
-        """The ``evictable`` experts among ``resident`` (flat indices), the first to evict first:
-        here the least recently used, ties to the lowest (layer, expert)."""
-        ranked = resident[np.lexsort((resident, self.last_use.ravel()[resident]))]
-        return self._keys(ranked, evictable)
+    def eviction_order(self, candidates: np.ndarray) -> Iterator[ExpertKey]:
+        """``candidates`` (flat indices), the first to evict first: here the least recently used,
+        ties to the lowest (layer, expert)."""
+        return self._keys(candidates[np.lexsort((candidates, self.last_use.ravel()[candidates]))])
 
     def victim(self, candidates: Sequence[ExpertKey]) -> ExpertKey:
         """The first of ``candidates`` to evict."""
-        return next(self.eviction_order(flat_indices(candidates, self.num_experts), lambda key: True))
+        return next(self.eviction_order(flat_indices(candidates, self.num_experts)))
 
     def recency(self, key: ExpertKey) -> int:
         return int(self.last_use[key])
 
-    def _keys(self, ranked: np.ndarray, evictable: Callable[[ExpertKey], bool]) -> Iterator[ExpertKey]:
-        for index in ranked.tolist():
-            key = divmod(index, self.num_experts)
-            if evictable(key):
-                yield key
+    def _keys(self, ranked: np.ndarray) -> Iterator[ExpertKey]:
+        return (divmod(index, self.num_experts) for index in ranked.tolist())
 
 
 def flat_indices(keys: Sequence[ExpertKey], num_experts: int) -> np.ndarray:
@@ -180,7 +174,7 @@ class LRUPolicy(Policy):
 class FullPolicy(Policy):
     name = "full"
 
-    def eviction_order(self, resident: np.ndarray, evictable: Callable[[ExpertKey], bool]) -> Iterator[ExpertKey]:
+    def eviction_order(self, candidates: np.ndarray) -> Iterator[ExpertKey]:
         raise RuntimeError("the full policy keeps every expert resident and never evicts")
 
 
@@ -274,31 +268,21 @@ class BeladyPolicy(Policy):
             self._tables = p, steps[:, None] + layers * DISCOUNT_TOKENS * -np.log(value)
         return self._tables
 
-    def eviction_order(self, resident: np.ndarray, evictable: Callable[[ExpertKey], bool]) -> Iterator[ExpertKey]:
+    def eviction_order(self, candidates: np.ndarray) -> Iterator[ExpertKey]:
         """The farthest first; the candidates within ``NEAR`` of the farthest left count as equally
         far, and among them the least probable goes first, then the least recently used."""
-        p, distance = self._ranking()
-        ranked = resident[np.argsort(-distance.ravel()[resident])]
-        farthest_first = ((distance[key], key) for key in self._keys(ranked, evictable))
-        near: list[tuple[float, int, ExpertKey]] = []
-        waiting: deque[tuple[float, ExpertKey]] = deque()
-        """The near candidates in the order they came, so the farthest left is found among them."""
-        taken: set[ExpertKey] = set()
-        following = next(farthest_first, None)
-        while True:
-            while waiting and waiting[0][1] in taken:
-                taken.discard(waiting.popleft()[1])
-            farthest = waiting[0][0] if waiting else following[0] if following is not None else None
-            if farthest is None:
-                return
-            while following is not None and following[0] >= farthest - NEAR:
-                key = following[1]
-                waiting.append(following)
-                heapq.heappush(near, (p[key], self.recency(key), key))
-                following = next(farthest_first, None)
-            key = heapq.heappop(near)[2]
-            taken.add(key)
-            yield key
+        probability, distance = self._ranking()
+        distance = distance.ravel()[candidates]
+        probability, recency = probability.ravel()[candidates], self.last_use.ravel()[candidates]
+        left = np.ones(len(candidates), dtype=bool)
+        for _ in range(len(candidates)):
+            # A few victims are taken per re-plan: a pass over the candidates for each is cheaper
+            # than sorting them all.
+            farthest = np.where(left, distance, -np.inf).max()
+            near = np.flatnonzero(left & (distance >= farthest - NEAR))
+            chosen = near[np.lexsort((candidates[near], recency[near], probability[near]))[0]]
+            left[chosen] = False
+            yield divmod(int(candidates[chosen]), self.num_experts)
 
     def remember(self, forecasts: Sequence[Forecast], layers: set[int]) -> None:
         # ``p`` is about the next run of the expert's layer: a forecast reaching past one token
@@ -509,11 +493,10 @@ class OraclePolicy(BeladyPolicy):
                 return sorted(experts)
         return ()
 
-    def eviction_order(self, resident: np.ndarray, evictable: Callable[[ExpertKey], bool]) -> Iterator[ExpertKey]:
+    def eviction_order(self, candidates: np.ndarray) -> Iterator[ExpertKey]:
         """The farthest first, then the least recently used, then the highest (layer, expert)."""
-        distance = self._distances(self._next_use.ravel()[resident])
-        ranked = resident[np.lexsort((-resident, self.last_use.ravel()[resident], -distance))]
-        return self._keys(ranked, evictable)
+        distance = self._distances(self._next_use.ravel()[candidates])
+        return self._keys(candidates[np.lexsort((-candidates, self.last_use.ravel()[candidates], -distance))])
 
 
 _NEVER = 2**62

@@ -122,8 +122,9 @@ class SlotPool:
         self.owner: list[ExpertKey | None] = [None] * size
         self.job: list[CopyJob | None] = [None] * size
         self.pins = np.zeros(size, dtype=np.int64)
-        self._held = np.full(size, -1, dtype=np.int64)
-        """The expert each slot holds, as ``layer * num_experts + expert`` (-1: empty)."""
+        self.held = np.full(size, -1, dtype=np.int64)
+        """The expert each slot holds, as ``layer * num_experts + expert`` (the policies'
+        ``flat_indices``; -1: empty)."""
         self.slot_of: dict[ExpertKey, int] = {}
         self.free: set[int] = set(range(size))
         itemsize = layout.dtype.itemsize
@@ -152,10 +153,6 @@ class SlotPool:
     def destinations(self, slot: int) -> list[torch.Tensor]:
         return [self.tensors[name][slot] for name in self.layout.names]
 
-    def resident(self) -> np.ndarray:
-        """The experts held, as ``layer * num_experts + expert`` (the policies' ``flat_indices``)."""
-        return self._held[self._held >= 0]
-
     def free_slot(self) -> int | None:
         return min(self.free) if self.free else None
 
@@ -164,7 +161,7 @@ class SlotPool:
         self.owner[slot] = key
         self.job[slot] = job
         self.slot_of[key] = slot
-        self._held[slot] = key[0] * self.layout.num_experts + key[1]
+        self.held[slot] = key[0] * self.layout.num_experts + key[1]
         self.free.discard(slot)
 
     def clear(self, slot: int) -> None:
@@ -173,5 +170,5 @@ class SlotPool:
             del self.slot_of[previous]
         self.owner[slot] = None
         self.job[slot] = None
-        self._held[slot] = -1
+        self.held[slot] = -1
         self.free.add(slot)

@@ -110,17 +110,15 @@ def test_the_eviction_order_is_the_victim_rule_applied_again_and_again(seed: int
     ahead = [(policy.layer + h) % layers for h in (1, 2)]
     policy.remember([Forecast((j, e), rng.choice((0.1, 0.3, 0.32, 0.9)), h) for h, j in enumerate(ahead, 1)
                      for e in rng.sample(range(experts), 3)], set(ahead))
-    resident = rng.sample([(j, e) for j in range(layers) for e in range(experts)], 20)
-    pinned = set(rng.sample(resident, 3))
+    candidates = rng.sample([(j, e) for j in range(layers) for e in range(experts)], 20)
 
-    left, expected = [key for key in resident if key not in pinned], []
+    left, expected = list(candidates), []
     while left:
         farthest = max(policy.distance(key) for key in left)
         near = [key for key in left if policy.distance(key) >= farthest - NEAR]
         expected.append(min(near, key=lambda key: (policy.probability(key), policy.recency(key), key)))
         left.remove(expected[-1])
-    order = policy.eviction_order(flat_indices(resident, experts), lambda key: key not in pinned)
-    assert list(order) == expected
+    assert list(policy.eviction_order(flat_indices(candidates, experts))) == expected
 
 
 def test_a_distance_asked_before_news_is_asked_again_after_it() -> None:
@@ -374,11 +372,12 @@ def run_random_chat(cache: ExpertCache, policy: SeqMoEPolicy, rng: random.Random
                 cache.stream(layer + 1, policy.stream_order(layer + 1))
         else:
             cache.plan(policy.forecast(layer, torch.zeros(1), torch.tensor(experts)))
-        # Victims are chosen outside the slots the cache counts as busy: every slot that is pinned or
-        # receiving a copy must be among them (asked first: a link may finish a copy meanwhile).
-        busy = cache._busy_slots()
+        # Victims are chosen among the cache's candidates: none may be pinned or receiving a copy
+        # (asked first: a link may finish a copy meanwhile, never start one by itself).
+        candidates = set(cache._candidates().tolist())
         pool = cache.pool
-        assert {s for s in range(size) if pool.pins[s] or pool.state(s) is SlotState.LOADING} <= busy
+        busy = [pool.owner[s] for s in range(size) if pool.pins[s] or pool.state(s) is SlotState.LOADING]
+        assert not candidates & set(flat_indices(busy, EXPERTS).tolist())
         pause()
         values = [cache.pool.tensors["down_proj"][s][0, 0].item() for s in slots]
         assert values == [100.0 * layer + e for e in experts], f"cache of {size}, step {step}"
