@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -89,9 +89,10 @@ NEAR = 0.5
 MIN_PROBABILITY = 1e-3
 
 
-@dataclass(frozen=True)
-class Forecast:
-    """Expert ``key`` will be used ``horizon`` layers from now with ``probability``."""
+class Forecast(NamedTuple):
+    """Expert ``key`` will be used ``horizon`` layers from now with ``probability``.
+
+    A tuple: a forecast names a few hundred of them at every layer of a large model."""
 
     key: ExpertKey
     probability: float
@@ -373,7 +374,9 @@ class SeqMoEPolicy(BeladyPolicy):
         if elapsed >= self.stride:
             self._made = self._call(layer, hidden, routed)
             self._made_at, elapsed = self._clock, 0
-        forecasts = [Forecast(f.key, f.probability, f.horizon - elapsed) for f in self._made if f.horizon > elapsed]
+        forecasts = self._made if elapsed == 0 else [
+            Forecast(f.key, f.probability, f.horizon - elapsed) for f in self._made if f.horizon > elapsed
+        ]
         self.remember(forecasts, set(self._targets[elapsed:]))
         if self.reuse is not None and layer == self.num_layers - 1:
             self._tokens_since_reuse += 1
