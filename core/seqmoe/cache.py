@@ -36,7 +36,7 @@ from .events import (
     SlotStatus,
     Stall,
 )
-from .policies import Forecast, Policy, flat_indices
+from .policies import Forecast, Forecasts, Policy, flat_indices
 from .scheduler import Job, schedule
 from .store import HostStore, SlotPool, SlotState
 from .transfer import Copier, CopyJob, ExpertKey, JobState, MeasuredStall
@@ -260,13 +260,15 @@ class ExpertCache:
                 if forecast.key not in self.pool.slot_of and not self._prefetch(forecast.key, victims, "decode", admit_all=True):
                     break
             return
+        made = Forecasts.of(forecasts)
+        held = self.pool.held
+        resident = np.zeros(self.host.total_experts, dtype=bool)
+        resident[held[held >= 0]] = True
+        wanted = (made.probability >= self.worth_prefetching()) & ~resident[made.layer * self.host.layout.num_experts + made.expert]
         best: dict[ExpertKey, Forecast] = {}
-        worth = self.worth_prefetching()
-        for forecast in forecasts:
+        for forecast in made.where(wanted):
             known = best.get(forecast.key)
-            if forecast.probability < worth:
-                continue
-            if forecast.key not in self.pool.slot_of and (known is None or forecast.probability > known.probability):
+            if known is None or forecast.probability > known.probability:
                 best[forecast.key] = forecast
         if not best:
             return

@@ -90,13 +90,48 @@ MIN_PROBABILITY = 1e-3
 
 
 class Forecast(NamedTuple):
-    """Expert ``key`` will be used ``horizon`` layers from now with ``probability``.
-
-    A tuple: a forecast names a few hundred of them at every layer of a large model."""
+    """Expert ``key`` will be used ``horizon`` layers from now with ``probability``."""
 
     key: ExpertKey
     probability: float
     horizon: int
+
+
+class Forecasts(Sequence[Forecast]):
+    """Many forecasts as parallel arrays. A forecast names a few hundred experts at every layer
+    of a large model, and the cache needs only the few of them that are not resident: they are
+    filtered as arrays, not one object at a time."""
+
+    def __init__(self, layer: np.ndarray, expert: np.ndarray, probability: np.ndarray, horizon: np.ndarray) -> None:
+        self.layer, self.expert, self.probability, self.horizon = layer, expert, probability, horizon
+
+    @classmethod
+    def of(cls, forecasts: Sequence[Forecast]) -> Forecasts:
+        if isinstance(forecasts, Forecasts):
+            return forecasts
+        return cls(
+            np.array([f.key[0] for f in forecasts], dtype=np.int64),
+            np.array([f.key[1] for f in forecasts], dtype=np.int64),
+            np.array([f.probability for f in forecasts], dtype=np.float64),
+            np.array([f.horizon for f in forecasts], dtype=np.int64),
+        )
+
+    def __len__(self) -> int:
+        return len(self.layer)
+
+    def __getitem__(self, index: int) -> Forecast:  # type: ignore[override]
+        return Forecast((int(self.layer[index]), int(self.expert[index])), float(self.probability[index]), int(self.horizon[index]))
+
+    def where(self, mask: np.ndarray) -> Forecasts:
+        return Forecasts(self.layer[mask], self.expert[mask], self.probability[mask], self.horizon[mask])
+
+    def later(self, layers: int) -> Forecasts:
+        """The same forecasts seen ``layers`` MoE layers later (those not yet passed)."""
+        if layers == 0:
+            return self
+        kept = self.where(self.horizon > layers)
+        kept.horizon = kept.horizon - layers
+        return kept
 
 
 class Policy:
@@ -194,7 +229,8 @@ class GatePolicy(Policy):
     def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
         target = (layer + 1) % len(self.routers)
         values, experts = next_layer_distribution(self.routers, layer, hidden).topk(self.top_k)
-        return [Forecast((target, e), p, 1) for p, e in zip(values.tolist(), experts.tolist())]
+        ones = np.ones(self.top_k, dtype=np.int64)
+        return Forecasts(ones * target, experts.numpy().astype(np.int64), values.double().numpy(), ones)
 
 
 def next_layer_distribution(
@@ -289,11 +325,12 @@ class BeladyPolicy(Policy):
         # ``p`` is about the next run of the expert's layer: a forecast reaching past one token
         # (a predictor trained with a horizon above the layer count) names a layer twice, and the
         # later run's probability must not stand for the next one's: nearest horizon written last.
-        farthest_first = sorted(forecasts, key=lambda f: f.horizon, reverse=True)
-        probability = {f.key: f.probability for f in farthest_first}
+        made = Forecasts.of(forecasts)
+        nearest_first = np.argsort(made.horizon, kind="stable")
+        _, first = np.unique((made.layer * self.num_experts + made.expert)[nearest_first], return_index=True)
+        nearest = nearest_first[first]
         self._forecast.fill(0.0)
-        if probability:
-            self._forecast[tuple(zip(*probability))] = list(probability.values())
+        self._forecast[made.layer[nearest], made.expert[nearest]] = made.probability[nearest]
         self._forecast_rows.fill(False)
         self._forecast_rows[list(layers)] = True
         self._tables = None
@@ -341,7 +378,7 @@ class SeqMoEPolicy(BeladyPolicy):
         self._tokens_since_reuse = 0
         self._layer_seconds: float | None = None
         self._last_forecast_at: tuple[int, float] | None = None
-        self._made: list[Forecast] = []
+        self._made = Forecasts.of([])
         self._made_at = -(10**9)
         self._targets: list[int] = []
         """The target layer of each horizon of the last call."""
@@ -374,9 +411,7 @@ class SeqMoEPolicy(BeladyPolicy):
         if elapsed >= self.stride:
             self._made = self._call(layer, hidden, routed)
             self._made_at, elapsed = self._clock, 0
-        forecasts = self._made if elapsed == 0 else [
-            Forecast(f.key, f.probability, f.horizon - elapsed) for f in self._made if f.horizon > elapsed
-        ]
+        forecasts = self._made.later(elapsed)
         self.remember(forecasts, set(self._targets[elapsed:]))
         if self.reuse is not None and layer == self.num_layers - 1:
             self._tokens_since_reuse += 1
@@ -393,7 +428,8 @@ class SeqMoEPolicy(BeladyPolicy):
         probs = self._predict(layer, hidden, routed)
         reply = range(self.num_layers - layer, 2 * self.num_layers - layer)
         reached = {(layer + h) % self.num_layers for h in range(1, probs.shape[0] + 1) if h in reply}
-        self.remember([f for f in self._forecasts(layer, probs) if f.horizon in reply], reached)
+        made = self._forecasts(layer, probs)
+        self.remember(made.where((made.horizon >= reply.start) & (made.horizon < reply.stop)), reached)
 
     def _forecast_reuse(self, hidden: torch.Tensor) -> None:
         start = self.clock()
@@ -404,7 +440,7 @@ class SeqMoEPolicy(BeladyPolicy):
         self.reuse_seconds += seconds
         self._reuse_call_seconds = _smoothed(self._reuse_call_seconds, seconds)
 
-    def _call(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> list[Forecast]:
+    def _call(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Forecasts:
         start = self.clock()
         probs = self._predict(layer, hidden, routed)
         seconds = self.clock() - start
@@ -418,13 +454,10 @@ class SeqMoEPolicy(BeladyPolicy):
         """``[H, E]``: the probability of each expert at each of the next ``H`` MoE layers."""
         return self.predict(hidden.reshape(-1), layer, routed.reshape(-1)).float().cpu()[: self.horizon]
 
-    def _forecasts(self, layer: int, probs: torch.Tensor) -> list[Forecast]:
+    def _forecasts(self, layer: int, probs: torch.Tensor) -> Forecasts:
         probs = probs.double().numpy()
         horizons, experts = np.nonzero(probs >= self.min_probability)
-        return [
-            Forecast(((layer + h + 1) % self.num_layers, expert), p, h + 1)
-            for h, expert, p in zip(horizons.tolist(), experts.tolist(), probs[horizons, experts].tolist())
-        ]
+        return Forecasts((layer + horizons + 1) % self.num_layers, experts, probs[horizons, experts], horizons + 1)
 
 
 def _smoothed(average: float | None, sample: float, alpha: float = 0.2) -> float:
@@ -460,6 +493,10 @@ class OraclePolicy(BeladyPolicy):
         self.position = -1
         self._next_use = np.full((num_layers, num_experts), _NEVER, dtype=np.int64)
         """The position of each expert's next use after ``position``."""
+        uses = [(position, layer, expert) for position, (layer, experts) in enumerate(future) for expert in sorted(experts)]
+        self._use_position, self._use_layer, self._use_expert = np.array(uses, dtype=np.int64).reshape(-1, 3).T
+        self._uses_from = np.searchsorted(self._use_position, np.arange(len(future) + 1))
+        """Where each position's uses start in the arrays of all uses."""
         self._following: list[dict[int, int]] = [{} for _ in future]
         """At each position, the position of each expert's use after it."""
         for position in reversed(range(len(future))):
@@ -477,8 +514,10 @@ class OraclePolicy(BeladyPolicy):
                 self._next_use[used_layer, expert] = following
 
     def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
-        upcoming = self.future[self.position + 1 : self.position + 1 + self.horizon]
-        return [Forecast((target, e), 1.0, h) for h, (target, experts) in enumerate(upcoming, 1) for e in sorted(experts)]
+        start, end = (self._uses_from[min(p, len(self.future))] for p in (self.position + 1, self.position + 1 + self.horizon))
+        uses = slice(start, end)
+        certain = np.ones(end - start)
+        return Forecasts(self._use_layer[uses], self._use_expert[uses], certain, self._use_position[uses] - self.position)
 
     def distance(self, key: ExpertKey) -> float:
         return float(self._distances(self._next_use[key]))

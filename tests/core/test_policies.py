@@ -172,6 +172,19 @@ def test_oracle_evicts_the_expert_used_last() -> None:
     assert [f.key for f in oracle.forecast(0, torch.zeros(1), torch.zeros(1))] == [(1, 1), (2, 2)]
 
 
+def test_the_oracle_runs_past_the_end_of_its_future_seeing_nothing() -> None:
+    """A generation may run longer than the recorded one: the oracle then knows no more uses."""
+    future = [(step % LAYERS, frozenset({1})) for step in range(LAYERS + 2)]
+    oracle = OraclePolicy(future, LAYERS, EXPERTS)
+    for step in range(LAYERS):
+        oracle.observe(step % LAYERS, [1])
+    assert [f.key for f in oracle.forecast(LAYERS - 1, torch.zeros(1), torch.zeros(1))] == [(0, 1), (1, 1)]
+    for step in range(3):
+        oracle.observe(step % LAYERS, [1])
+    assert len(oracle.forecast(2, torch.zeros(1), torch.zeros(1))) == 0
+    assert oracle.distance((0, 1)) == oracle.distance((3, 1)) == float("inf")
+
+
 def test_the_oracle_forecasts_the_next_four_tokens() -> None:
     future = [(step % LAYERS, frozenset({step % EXPERTS})) for step in range(6 * LAYERS)]
     oracle = OraclePolicy(future, LAYERS, EXPERTS)
