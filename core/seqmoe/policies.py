@@ -324,13 +324,14 @@ class BeladyPolicy(Policy):
     def remember(self, forecasts: Sequence[Forecast], layers: set[int]) -> None:
         # ``p`` is about the next run of the expert's layer: a forecast reaching past one token
         # (a predictor trained with a horizon above the layer count) names a layer twice, and the
-        # later run's probability must not stand for the next one's: nearest horizon written last.
+        # later run's probability must not stand for the next one's: the nearest horizon's is kept.
         made = Forecasts.of(forecasts)
-        nearest_first = np.argsort(made.horizon, kind="stable")
-        _, first = np.unique((made.layer * self.num_experts + made.expert)[nearest_first], return_index=True)
-        nearest = nearest_first[first]
+        if len(made) and made.horizon.max() > self.num_layers:
+            nearest_first = np.argsort(made.horizon, kind="stable")
+            _, first = np.unique((made.layer * self.num_experts + made.expert)[nearest_first], return_index=True)
+            made = made.where(nearest_first[first])
         self._forecast.fill(0.0)
-        self._forecast[made.layer[nearest], made.expert[nearest]] = made.probability[nearest]
+        self._forecast[made.layer, made.expert] = made.probability
         self._forecast_rows.fill(False)
         self._forecast_rows[list(layers)] = True
         self._tables = None
