@@ -130,8 +130,7 @@ class Forecasts(Sequence[Forecast]):
         if layers == 0:
             return self
         kept = self.where(self.horizon > layers)
-        kept.horizon = kept.horizon - layers
-        return kept
+        return Forecasts(kept.layer, kept.expert, kept.probability, kept.horizon - layers)
 
 
 class Policy:
