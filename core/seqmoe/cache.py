@@ -500,18 +500,19 @@ class EvictionQueue:
 
     def __init__(self, order: Iterator[ExpertKey]) -> None:
         self._order = order
-        self._next: list[ExpertKey | None] = []
+        self._next: ExpertKey | None = None
+        self._found = False
 
     def peek(self) -> ExpertKey | None:
         """The next victim (``None``: none left)."""
-        if not self._next:
-            self._next.append(next(self._order, None))
-        return self._next[0]
+        if not self._found:
+            self._next, self._found = next(self._order, None), True
+        return self._next
 
     def take(self) -> ExpertKey:
         victim = self.peek()
         assert victim is not None
-        self._next.clear()
+        self._found = False
         return victim
 
 

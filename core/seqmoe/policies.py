@@ -186,10 +186,6 @@ class Policy:
         ties to the lowest (layer, expert)."""
         return self._keys(candidates[np.lexsort((candidates, self.last_use.ravel()[candidates]))])
 
-    def victim(self, candidates: Sequence[ExpertKey]) -> ExpertKey:
-        """The first of ``candidates`` to evict."""
-        return next(self.eviction_order(flat_indices(candidates, self.num_experts)))
-
     def recency(self, key: ExpertKey) -> int:
         return int(self.last_use[key])
 
@@ -497,26 +493,24 @@ class OraclePolicy(BeladyPolicy):
         self._use_position, self._use_layer, self._use_expert = np.array(uses, dtype=np.int64).reshape(-1, 3).T
         self._uses_from = np.searchsorted(self._use_position, np.arange(len(future) + 1))
         """Where each position's uses start in the arrays of all uses."""
-        self._following: list[dict[int, int]] = [{} for _ in future]
-        """At each position, the position of each expert's use after it."""
-        for position in reversed(range(len(future))):
-            layer, experts = future[position]
-            for expert in experts:
-                self._following[position][expert] = int(self._next_use[layer, expert])
-                self._next_use[layer, expert] = position
+        self._use_after = np.empty(len(uses), dtype=np.int64)
+        """The position of the same expert's next use after each use."""
+        for index in reversed(range(len(uses))):
+            position, layer, expert = uses[index]
+            self._use_after[index] = self._next_use[layer, expert]
+            self._next_use[layer, expert] = position
 
     def observe(self, layer: int, experts: Sequence[int]) -> None:
         super().observe(layer, experts)
         self.position += 1
         if self.position < len(self.future):
-            used_layer, _ = self.future[self.position]
-            for expert, following in self._following[self.position].items():
-                self._next_use[used_layer, expert] = following
+            uses = slice(self._uses_from[self.position], self._uses_from[self.position + 1])
+            self._next_use[self._use_layer[uses], self._use_expert[uses]] = self._use_after[uses]
 
     def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
-        start, end = (self._uses_from[min(p, len(self.future))] for p in (self.position + 1, self.position + 1 + self.horizon))
-        uses = slice(start, end)
-        certain = np.ones(end - start)
+        last = len(self.future)
+        uses = slice(self._uses_from[min(self.position + 1, last)], self._uses_from[min(self.position + 1 + self.horizon, last)])
+        certain = np.ones(uses.stop - uses.start)
         return Forecasts(self._use_layer[uses], self._use_expert[uses], certain, self._use_position[uses] - self.position)
 
     def distance(self, key: ExpertKey) -> float:

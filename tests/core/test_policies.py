@@ -34,6 +34,11 @@ from .test_cache import FakeExperts
 LAYERS, EXPERTS = 4, 4
 
 
+def victim(policy: Policy, candidates: list[tuple[int, int]]) -> tuple[int, int]:
+    """The first of ``candidates`` that ``policy`` evicts."""
+    return next(policy.eviction_order(flat_indices(candidates, policy.num_experts)))
+
+
 def belady(prior: float = 0.25) -> BeladyPolicy:
     return BeladyPolicy(LAYERS, torch.full((LAYERS, EXPERTS), prior))
 
@@ -49,7 +54,7 @@ def test_farthest_expected_use_is_evicted() -> None:
     g = LATER_DISCOUNT
     value = 0.25 + 0.75 * 0.25 * g / (1 - 0.75 * g)
     assert policy.distance((3, 0)) == pytest.approx(3 - DISCOUNT_TOKENS * LAYERS * math.log(value))
-    assert policy.victim([(1, 0), (2, 0), (3, 0)]) == (3, 0)
+    assert victim(policy, [(1, 0), (2, 0), (3, 0)]) == (3, 0)
 
 
 def test_a_certain_use_is_ranked_by_its_distance_alone() -> None:
@@ -67,7 +72,7 @@ def test_a_likely_use_next_token_outlives_an_unlikely_one_though_its_expected_di
     policy = BeladyPolicy(LAYERS, prior)
     policy.observe(0, [0])
     policy.remember([Forecast((2, 0), 0.3, 2), Forecast((2, 1), 0.05, 2)], {2})
-    assert policy.victim([(2, 0), (2, 1)]) == (2, 1)
+    assert victim(policy, [(2, 0), (2, 1)]) == (2, 1)
 
 
 def test_a_forecast_past_one_token_gives_each_layer_its_next_run() -> None:
@@ -86,7 +91,7 @@ def test_near_equal_distances_evict_the_lower_probability() -> None:
     # (1, 1): one layer away with p=0.5 -> 1 + 3.58 = 4.58; (2, 1): two layers away with p=0.6 -> 2 + 2.72 = 4.72
     policy.remember([Forecast((1, 1), 0.5, 1), Forecast((2, 1), 0.6, 2)], {1, 2})
     assert policy.distance((2, 1)) - policy.distance((1, 1)) < 0.5
-    assert policy.victim([(1, 1), (2, 1)]) == (1, 1)
+    assert victim(policy, [(1, 1), (2, 1)]) == (1, 1)
 
 
 def test_equal_scores_evict_the_least_recently_used() -> None:
@@ -94,7 +99,7 @@ def test_equal_scores_evict_the_least_recently_used() -> None:
     policy.observe(3, [2])
     policy.observe(3, [1])
     policy.observe(0, [0])
-    assert policy.victim([(3, 1), (3, 2)]) == (3, 2)
+    assert victim(policy, [(3, 1), (3, 2)]) == (3, 2)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -150,7 +155,7 @@ def test_an_expert_in_steady_use_outlives_a_recent_one_forecast_as_unlikely() ->
     policy.remember([Forecast((2, 1), 0.05, 3), Forecast((2, 2), 0.05, 3)], {2})
     # Same forecast for the next token; beyond it expert 1's rate of use brings it back sooner.
     assert policy.distance((2, 1)) < policy.distance((2, 2)) - 4
-    assert policy.victim([(2, 1), (2, 2)]) == (2, 2)  # LRU alone would evict expert 1
+    assert victim(policy, [(2, 1), (2, 2)]) == (2, 2)  # LRU alone would evict expert 1
 
 
 def test_an_oracle_seeing_one_token_ahead_ranks_later_uses_as_unknown() -> None:
@@ -168,7 +173,7 @@ def test_oracle_evicts_the_expert_used_last() -> None:
     oracle = OraclePolicy(future, LAYERS, EXPERTS, horizon=2)
     oracle.observe(0, [0])
     assert oracle.distance((2, 2)) == 2 and oracle.distance((1, 3)) == 3 and oracle.distance((3, 3)) == float("inf")
-    assert oracle.victim([(1, 1), (2, 2), (1, 3)]) == (1, 3)
+    assert victim(oracle, [(1, 1), (2, 2), (1, 3)]) == (1, 3)
     assert [f.key for f in oracle.forecast(0, torch.zeros(1), torch.zeros(1))] == [(1, 1), (2, 2)]
 
 

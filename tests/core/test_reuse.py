@@ -15,6 +15,8 @@ from seqmoe.predictor.training import TrainingOptions, train_predictor
 from seqmoe.trace import Traces
 from seqmoe.usage import AGE_CAP, RATE_SMOOTHING, UsageHistory
 
+from .test_policies import victim
+
 HORIZONS = [1, 2, 4, 8, 16]
 
 
@@ -143,11 +145,11 @@ def test_eviction_follows_the_reuse_forecast_for_one_token_then_the_rate_again()
         p = policy.probability((1, expert))
         value = p + (1 - p) * (g / wait) / (1 - (1 - 1 / wait) * g)
         assert policy.distance((1, expert)) == pytest.approx(2 - 2 * DISCOUNT_TOKENS * math.log(value))  # layer 1 runs again in 2
-    assert policy.victim([(1, 0), (1, 1)]) == (1, 1)
+    assert victim(policy, [(1, 0), (1, 1)]) == (1, 1)
     for layer in (0, 1, 0):  # a prefill began: the forecast no longer speaks for these runs
         policy.observe(layer, [0])
     assert policy.expected_waits()[1, 1] == pytest.approx(1 / policy.recent_rates()[1, 1])
-    assert policy.victim([(1, 0), (1, 1)]) == (1, 1)  # now by its lower rate of use
+    assert victim(policy, [(1, 0), (1, 1)]) == (1, 1)  # now by its lower rate of use
 
 
 def test_a_predictor_without_a_reuse_head_loads_and_evicts_by_the_rate(tmp_path) -> None:
