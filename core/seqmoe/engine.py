@@ -245,7 +245,7 @@ class Engine:
                 prior = torch.full((layers, experts), top_k / experts)
                 return SeqMoEPolicy(self._gate_forecaster(), layers, prior)
             prior = predictor.config.prior()
-            reuse = predictor.reuse.waits if predictor.reuse is not None else None
+            reuse = predictor.reuse.later_values if predictor.reuse is not None else None
             return SeqMoEPolicy(predictor.predict, layers, prior, horizon=self.horizon, reuse=reuse)
         if name in ORACLES:
             if future is None:

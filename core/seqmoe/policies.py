@@ -38,9 +38,11 @@ small) ranked as farther than one unlikely either way, and was evicted first; th
 turns over within a few tokens, so the chance of a use soon is what keeping an expert buys
 (simulated on the held-out chat at cache ratio 0.45: 4.89 copies per decode token against
 5.05). The forecast sees one token ahead; the rate keeps the experts a conversation keeps
-coming back to. When the predictor has a reuse head (``predictor.reuse``), its expected wait
-``w`` replaces ``1 / r`` for the tokens its forecast speaks for (the next one, or a few when it
-runs every few tokens), for the experts not used since it was made. The expert with the
+coming back to. When the predictor has a reuse head (``predictor.reuse``), its forecast of
+when each expert comes back gives the discounted later use, ``E[g ** N]`` over its forecast,
+in place of the geometric ``r g / (1 - (1 - r) g)``, for the tokens its forecast speaks for
+(the next one, or a few when it runs every few tokens), for the experts not used since it was
+made. The expert with the
 largest ``D`` is evicted; candidates within ``NEAR`` layers of that largest distance count as
 equally far, and among them the lowest ``p`` goes first, then the least recently used.
 
@@ -247,10 +249,10 @@ class BeladyPolicy(Policy):
         self._forecast = np.zeros((num_layers, self.num_experts))
         """The forecast probability of each expert of the layers in ``_forecast_rows``."""
         self._forecast_rows = np.zeros(num_layers, dtype=bool)
-        self.waits: np.ndarray | None = None
-        """The reuse forecast's expected waits in tokens (see the module docstring), ``[L, E]``."""
-        self._waits_at = 0
-        self._waits_for = 1
+        self.reuse_values: np.ndarray | None = None
+        """The reuse forecast's ``[L, E]`` worth of each expert's later uses (see ``later_values``)."""
+        self._reuse_at = 0
+        self._reuse_for = 1
         """Tokens the last reuse forecast speaks for."""
         self._tables: tuple[np.ndarray, np.ndarray] | None = None
         """``(p, D)`` of every expert, ``[L, E]`` each, until the next use, forecast or reuse
@@ -275,26 +277,26 @@ class BeladyPolicy(Policy):
         """``[L, E]``: each expert's recent rate of use per run of its layer."""
         return np.maximum(self.usage.rate, MIN_PROBABILITY)
 
-    def expected_waits(self) -> np.ndarray:
-        """``[L, E]``: expected tokens after the next run of its layer until each expert is used, if not then."""
+    def later_values(self) -> np.ndarray:
+        """``[L, E]``: what each expert's uses after the next run of its layer are worth now, if that
+        run does not use it: ``E[g ** N]``, ``N`` the further tokens until its next use."""
+        rate = self.recent_rates()
+        later = rate * LATER_DISCOUNT / (1.0 - (1.0 - rate) * LATER_DISCOUNT)  # a geometric wait of mean 1 / rate
         # The reuse forecast is made after a token's last layer and speaks for the next tokens
         # until the next one; once more layers than that have run (a prefill began), the rate
         # speaks again. An expert used since the forecast was made has news the forecast lacks:
         # its rate, updated by that use, speaks for it (simulated on the held-out chat, this
         # cut the copies at every cache ratio tried: 5.17 to 5.11 per token at 0.45).
-        wait = 1.0 / self.recent_rates()
-        if self.waits is not None and self._clock - self._waits_at <= self.num_layers * self._waits_for:
-            wait = np.where(self.last_use <= self._waits_at, self.waits, wait)
-        return wait
+        if self.reuse_values is not None and self._clock - self._reuse_at <= self.num_layers * self._reuse_for:
+            later = np.where(self.last_use <= self._reuse_at, self.reuse_values, later)
+        return later
 
     def _ranking(self) -> tuple[np.ndarray, np.ndarray]:
         """``(p, D)`` of every expert (see the module docstring)."""
         if self._tables is None:
             layers = self.num_layers
             p = np.where(self._forecast_rows[:, None], np.maximum(self._forecast, MIN_PROBABILITY), self.recent_rates())
-            later_rate = 1.0 / np.maximum(self.expected_waits(), 1.0)
-            later = later_rate * LATER_DISCOUNT / (1.0 - (1.0 - later_rate) * LATER_DISCOUNT)
-            value = np.maximum(p + (1.0 - p) * later, MIN_PROBABILITY)
+            value = np.maximum(p + (1.0 - p) * self.later_values(), MIN_PROBABILITY)
             steps = (np.arange(layers) - self.layer) % layers
             steps[steps == 0] = layers
             self._tables = p, steps[:, None] + layers * DISCOUNT_TOKENS * -np.log(value)
@@ -355,12 +357,12 @@ class SeqMoEPolicy(BeladyPolicy):
         stride: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
         horizon: int | None = None,
-        reuse: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        reuse: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor] | None = None,
     ) -> None:
         super().__init__(num_layers, prior)
         self.predict = predict
         self.reuse = reuse
-        """The predictor's reuse head (``ReuseHead.waits``), run after each token's last layer."""
+        """The predictor's reuse head (``ReuseHead.later_values``), run after each token's last layer."""
         self.horizon = horizon
         """Use at most this many of the forecast's layers (``None``: all)."""
         self.min_probability = min_probability
@@ -429,8 +431,8 @@ class SeqMoEPolicy(BeladyPolicy):
 
     def _forecast_reuse(self, hidden: torch.Tensor) -> None:
         start = self.clock()
-        self.waits = self.reuse(hidden.reshape(-1), *self.usage.features()).double().numpy()
-        self._waits_at, self._waits_for, self._tokens_since_reuse = self._clock, self.reuse_stride, 0
+        self.reuse_values = self.reuse(hidden.reshape(-1), *self.usage.features(), LATER_DISCOUNT).double().numpy()
+        self._reuse_at, self._reuse_for, self._tokens_since_reuse = self._clock, self.reuse_stride, 0
         self._tables = None
         seconds = self.clock() - start
         self.reuse_seconds += seconds

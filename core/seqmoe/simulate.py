@@ -354,6 +354,6 @@ def _policy(
             raise ValueError("the seqmoe policy needs a predictor")
         prior = predictor.config.prior()
         predict: Callable = predictor.predict
-        reuse = predictor.reuse.waits if predictor.reuse is not None else None
+        reuse = predictor.reuse.later_values if predictor.reuse is not None else None
         return SeqMoEPolicy(predict, layers, prior, stride=1, reuse=reuse)  # virtual time: the predictor costs nothing
     raise ValueError(f"the simulator replays {', '.join(SIMULATED_POLICIES)}, not {name!r}")

@@ -129,9 +129,9 @@ def test_the_eviction_order_is_the_victim_rule_applied_again_and_again(seed: int
 def test_a_distance_asked_before_news_is_asked_again_after_it() -> None:
     """Eviction keeps the distances a re-plan asks for; a forecast, a reuse forecast or a use since
     then moves them."""
-    waits = torch.full((LAYERS, EXPERTS), 1.0)
+    soon = torch.full((LAYERS, EXPERTS), LATER_DISCOUNT)
     policy = SeqMoEPolicy(lambda h, l, r: torch.zeros(1, EXPERTS), LAYERS, torch.full((LAYERS, EXPERTS), 0.25),
-                          stride=1, reuse=lambda hidden, rate, age: waits)
+                          stride=1, reuse=lambda hidden, rate, age, discount: soon)
     policy.observe(0, [0])
     unknown = policy.distance((1, 2))
     policy.remember([Forecast((1, 2), 0.9, 1)], {1})
@@ -446,9 +446,9 @@ def test_the_reuse_forecast_takes_its_share_of_the_budget_first() -> None:
         clock.now += 0.5  # alone: stride ceil(0.5 / (0.05 * 10)) = 1
         return torch.full((3, EXPERTS), 0.5)
 
-    def reuse(hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor) -> torch.Tensor:
+    def reuse(hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor, discount: float) -> torch.Tensor:
         clock.now += 1.0  # once a token: 0.25 per layer of the 0.5 a layer may spend
-        return torch.ones(LAYERS, EXPERTS)
+        return torch.full((LAYERS, EXPERTS), discount)
 
     policy = SeqMoEPolicy(predict, LAYERS, torch.full((LAYERS, EXPERTS), 0.3), clock=clock, reuse=reuse)
     for step in range(24):
@@ -460,27 +460,28 @@ def test_the_reuse_forecast_takes_its_share_of_the_budget_first() -> None:
 
 
 def test_an_expert_used_since_the_reuse_forecast_is_ranked_by_its_rate() -> None:
-    def reuse(hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor) -> torch.Tensor:
-        return torch.full((LAYERS, EXPERTS), 50.0)  # "not needed for 50 tokens", for every expert
+    def reuse(hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor, discount: float) -> torch.Tensor:
+        return torch.full((LAYERS, EXPERTS), 1e-3)  # "not back soon", for every expert
 
     policy = SeqMoEPolicy(_first_reply_predictor(3), LAYERS, torch.full((LAYERS, EXPERTS), 0.3), stride=1, reuse=reuse)
     for layer in range(LAYERS):  # one token; its last layer makes the reuse forecast
         policy.observe(layer, [0])
         policy.forecast(layer, torch.zeros(4), torch.tensor([0]))
     policy.observe(0, [1])  # the next token's first layer uses (0, 1), which the forecast did not know
-    waits = policy.expected_waits()
-    assert waits[0, 2] == 50.0
-    assert waits[0, 1] == pytest.approx(1 / policy.recent_rates()[0, 1]) and waits[0, 1] < 10
+    later = policy.later_values()
+    assert later[0, 2] == pytest.approx(1e-3)
+    rate = policy.recent_rates()[0, 1]
+    assert later[0, 1] == pytest.approx(rate * LATER_DISCOUNT / (1 - (1 - rate) * LATER_DISCOUNT)) and later[0, 1] > 0.1
 
 
 def test_a_reuse_forecast_dearer_than_half_the_budget_runs_every_few_tokens() -> None:
     clock = _Clock()
     calls = []
 
-    def reuse(hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor) -> torch.Tensor:
+    def reuse(hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor, discount: float) -> torch.Tensor:
         clock.now += 3.0  # half the budget of a token is about 0.05 * 11 * 4 / 2 = 1.1
         calls.append(policy._clock)
-        return torch.full((LAYERS, EXPERTS), 7.0)
+        return torch.full((LAYERS, EXPERTS), 0.25)
 
     policy = SeqMoEPolicy(lambda h, l, r: torch.full((3, EXPERTS), 0.5), LAYERS, torch.full((LAYERS, EXPERTS), 0.3),
                           clock=clock, reuse=reuse)
@@ -489,7 +490,7 @@ def test_a_reuse_forecast_dearer_than_half_the_budget_runs_every_few_tokens() ->
         policy.forecast(step % LAYERS, torch.zeros(4), torch.tensor([0]))
         clock.now += 10.0
         if step == 9 * LAYERS - 2:  # two tokens after the last forecast, within its three
-            assert policy.expected_waits()[1, 1] == 7.0
+            assert policy.later_values()[1, 1] == 0.25
     assert policy.reuse_stride == 3
     assert [b - a for a, b in zip(calls, calls[1:])] == [3 * LAYERS] * (len(calls) - 1)
 

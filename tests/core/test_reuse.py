@@ -9,7 +9,7 @@ import torch
 
 from seqmoe.policies import DISCOUNT_TOKENS, LATER_DISCOUNT, SeqMoEPolicy
 from seqmoe.predictor.model import ExpertPredictor, PredictorConfig, load_predictor, save_predictor
-from seqmoe.predictor.reuse import REUSE_HORIZONS, ReuseHead, evaluate_reuse, expected_wait, reuse_samples, train_reuse
+from seqmoe.predictor.reuse import REUSE_HORIZONS, ReuseHead, evaluate_reuse, later_value, reuse_samples, train_reuse
 from seqmoe.predictor.samples import split_documents
 from seqmoe.predictor.training import TrainingOptions, train_predictor
 from seqmoe.trace import Traces
@@ -28,23 +28,43 @@ def traces_of(experts: torch.Tensor, decode: torch.Tensor, document: torch.Tenso
     return Traces({"model": {}}, hidden.half(), experts.to(torch.int16), probs, document, decode)
 
 
-def test_an_untrained_head_waits_as_the_rate_rule_does() -> None:
+def test_an_untrained_head_values_later_uses_as_the_rate_rule_does() -> None:
     head = ReuseHead(8, 2, 4, HORIZONS)
     rate = torch.tensor([[0.5, 0.2, 0.05, 0.01], [0.9, 0.3, 0.1, 0.002]])
-    waits = head.waits(torch.randn(8), rate, torch.zeros(2, 4))
-    # Between 1e-3 and 1 - 1e-3 the rule is 1 / rate; below, the rate is floored at 1e-3.
-    assert waits == pytest.approx(1 / rate.clamp(min=1e-3), rel=1e-3)
+    g = LATER_DISCOUNT
+    later = head.later_values(torch.randn(8), rate, torch.zeros(2, 4), g)
+    # A geometric wait of mean 1 / rate; the rate is floored at 1e-3.
+    rate = rate.clamp(min=1e-3)
+    assert later == pytest.approx(rate * g / (1 - (1 - rate) * g), rel=1e-3)
 
 
-def test_a_survival_that_stops_falling_waits_longer_than_one_that_keeps_falling() -> None:
+def test_later_value_is_the_discounted_sum_over_the_interpolated_survival() -> None:
+    horizons = torch.tensor(HORIZONS, dtype=torch.float64)
+    g = 0.6
+    survival = torch.tensor([0.9, 0.5, 0.2, 0.05, 0.01], dtype=torch.float64)
+    # S(n) run by run: geometric between the horizons, then at the mean rate from the first to the last.
+    runs = {1: 0.9}
+    for (a, sa), (b, sb) in zip(zip(HORIZONS, survival), zip(HORIZONS[1:], survival[1:])):
+        for n in range(a + 1, b + 1):
+            runs[n] = float(sa * (sb / sa) ** ((n - a) / (b - a)))
+    mean = float((survival[-1] / survival[0]) ** (1 / 15))
+    for n in range(17, 400):
+        runs[n] = runs[n - 1] * mean
+    # First use at run m + 1 (m further runs after the first) with probability (S(m) - S(m + 1)) / S(1).
+    expected = sum(g**m * (runs[m] - runs[m + 1]) / runs[1] for m in range(1, 399))
+    assert float(later_value(survival.log(), horizons, g)) == pytest.approx(expected, rel=1e-9)
+
+
+def test_an_expert_back_soon_or_never_is_worth_more_than_one_with_its_mean_wait_spread_evenly() -> None:
     horizons = torch.tensor(HORIZONS, dtype=torch.float32)
-    # Both are unlikely in the next run; the first comes back within a few tokens, the second
-    # is seen again in 1 of 10 futures and, when not within 16 tokens, not soon.
-    soon = torch.tensor([0.9, 0.5, 0.2, 0.05, 0.01])
-    never = torch.tensor([0.95, 0.93, 0.92, 0.91, 0.90])
-    waits = expected_wait(torch.stack([soon, never]).log(), horizons)
-    assert 1 < waits[0] < 4
-    assert waits[1] > 100
+    # Both are unlikely in the next run. The first is back at the second run in half the futures
+    # and otherwise not soon; the second comes back at an even rate. Both wait 19 further runs on
+    # average (the first's survival continued past 16 runs at its mean rate).
+    soon_or_never = torch.tensor([0.9, 0.45, 0.45, 0.45, 0.45])
+    even = (1 - torch.tensor(1 / 19)) ** horizons
+    values = later_value(torch.stack([soon_or_never, even]).log(), horizons, LATER_DISCOUNT)
+    assert values[0] > 3 * values[1]
+    assert later_value(torch.ones(1, 5).log(), horizons, LATER_DISCOUNT) == pytest.approx(0.0, abs=1e-6)  # never back
 
 
 def test_samples_label_the_next_uses_after_each_decode_token() -> None:
@@ -119,36 +139,36 @@ def test_the_head_learns_what_the_hidden_state_announces() -> None:
     # Topic B announced: B's experts come back sooner than A's, though A was used last.
     announce_b = torch.tensor([1.0, 0.0, 0.0, 0.0])
     rate, age = torch.tensor([[0.4, 0.4, 0.1, 0.1]]), torch.tensor([[0.0, 1.0, 6.0, 5.0]])
-    waits = head.waits(announce_b, rate, age)[0]
-    assert max(waits[2], waits[3]) < min(waits[0], waits[1])
+    later = head.later_values(announce_b, rate, age, LATER_DISCOUNT)[0]
+    assert min(later[2], later[3]) > max(later[0], later[1])
 
 
-def policy_with_waits(waits: list[list[float]]) -> SeqMoEPolicy:
+def policy_with_reuse(values: list[list[float]]) -> SeqMoEPolicy:
     layers, experts = 2, 2
     return SeqMoEPolicy(
         lambda hidden, layer, routed: torch.zeros(1, experts),
         layers,
         torch.full((layers, experts), 0.2),
         stride=1,
-        reuse=lambda hidden, rate, age: torch.tensor(waits),
+        reuse=lambda hidden, rate, age, discount: torch.tensor(values),
     )
 
 
 def test_eviction_follows_the_reuse_forecast_for_one_token_then_the_rate_again() -> None:
-    policy = policy_with_waits([[1.0, 1.0], [2.0, 50.0]])
+    policy = policy_with_reuse([[0.5, 0.5], [0.4, 0.01]])
     policy.observe(0, [0])
     policy.observe(1, [0])
     policy.forecast(1, torch.zeros(4), torch.tensor([0]))
-    # The head's wait w in place of 1 / rate: a use after the next run is a geometric wait of mean w.
-    g = LATER_DISCOUNT
-    for expert, wait in enumerate([2.0, 50.0]):
+    # The head's worth of the later uses in place of the rate's.
+    for expert, later in enumerate([0.4, 0.01]):
         p = policy.probability((1, expert))
-        value = p + (1 - p) * (g / wait) / (1 - (1 - 1 / wait) * g)
+        value = p + (1 - p) * later
         assert policy.distance((1, expert)) == pytest.approx(2 - 2 * DISCOUNT_TOKENS * math.log(value))  # layer 1 runs again in 2
     assert victim(policy, [(1, 0), (1, 1)]) == (1, 1)
     for layer in (0, 1, 0):  # a prefill began: the forecast no longer speaks for these runs
         policy.observe(layer, [0])
-    assert policy.expected_waits()[1, 1] == pytest.approx(1 / policy.recent_rates()[1, 1])
+    rate = policy.recent_rates()[1, 1]
+    assert policy.later_values()[1, 1] == pytest.approx(rate * LATER_DISCOUNT / (1 - (1 - rate) * LATER_DISCOUNT))
     assert victim(policy, [(1, 0), (1, 1)]) == (1, 1)  # now by its lower rate of use
 
 
@@ -163,7 +183,8 @@ def test_a_predictor_without_a_reuse_head_loads_and_evicts_by_the_rate(tmp_path)
     save_predictor(with_head, path)
     loaded = load_predictor(path)
     rate = torch.full((2, 4), 0.25)
-    assert torch.equal(loaded.reuse.waits(torch.ones(8), rate, rate), with_head.reuse.waits(torch.ones(8), rate, rate))
+    values = [head.later_values(torch.ones(8), rate, rate, LATER_DISCOUNT) for head in (loaded.reuse, with_head.reuse)]
+    assert torch.equal(*values)
 
 
 def test_training_keeps_the_head_only_when_it_beats_the_rate_rule() -> None:
