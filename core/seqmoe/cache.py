@@ -102,6 +102,8 @@ class ExpertCache:
         self.link_load = 0.0
         """Smoothed copy time decode asks for per second of decode compute (above 1: more than
         the link can carry while the layers compute)."""
+        self.stall_seconds = 0.0
+        """Smoothed time a decode layer waits for copies."""
         self._copies_this_layer = 0
         self._stalled_this_layer = 0.0
 
@@ -413,10 +415,12 @@ class ExpertCache:
             demand = self._copies_this_layer * self.copier.seconds_per_copy(self.host.layout.bytes_per_expert)
             load = demand / compute
             if self.layer_seconds is None:
-                self.layer_seconds, self.link_load = sample, load
+                self.layer_seconds, self.link_load, self.stall_seconds = sample, load, self._stalled_this_layer
             else:
                 self.layer_seconds += LAYER_TIME_SMOOTHING * (sample - self.layer_seconds)
                 self.link_load += LAYER_TIME_SMOOTHING * (load - self.link_load)
+                self.stall_seconds += LAYER_TIME_SMOOTHING * (self._stalled_this_layer - self.stall_seconds)
+            self.policy.observe_timing(self.layer_seconds, self.stall_seconds)
         self._last_decode_layer_at = now
         self._copies_this_layer = 0
         self._stalled_this_layer = 0.0

@@ -80,7 +80,8 @@ with 4 and 67.1% with 16; with decode at 39% of the memory bandwidth, 94.3%, 98.
 99.5% for 4 layers, 1 and 2 tokens, and 99.5% with 4. The cost of planning grows with the
 reach and is paid in the bench."""
 PREDICTOR_BUDGET = 0.05
-"""The largest share of decode time the predictor may take (see ``SeqMoEPolicy``)."""
+"""The largest share of a decode layer's compute the predictor may take, beyond the time the
+layer waits for the link anyway (see ``SeqMoEPolicy``)."""
 DISCOUNT_TOKENS = 2.0
 """Eviction's memory: a use one token later is worth ``exp(-1 / DISCOUNT_TOKENS)`` of a use now
 (see the module docstring). Simulated on the held-out chat at cache ratios 0.3, 0.45 and 0.6, 2
@@ -173,6 +174,10 @@ class Policy:
         """During prefill, after MoE layer ``layer`` routed the prompt's last token (``hidden``,
         ``routed``): a policy may note which experts of the layers up to ``layer`` the reply's
         first token will use, so that eviction keeps them while prefill streams the rest."""
+
+    def observe_timing(self, layer_seconds: float, stall_seconds: float) -> None:
+        """The cache's smoothed measure of a decode layer: its wall time, and the part of it spent
+        waiting for copies."""
 
     def distance(self, key: ExpertKey) -> float | None:
         """MoE layers until ``key`` is used again, as the policy ranks it (the farthest is evicted);
@@ -337,11 +342,15 @@ class BeladyPolicy(Policy):
 class SeqMoEPolicy(BeladyPolicy):
     """The trained predictor's forecast, JSD-scheduled prefetches, modified-Belady eviction.
 
-    The predictor may take at most ``PREDICTOR_BUDGET`` of the decode time. When one call
-    costs more than that share of a layer, it runs every ``stride``-th MoE layer only
-    (``stride`` at most its horizon), and the layers in between re-plan with what is left of
-    the last forecast. The stride is chosen from the measured cost of a call and the
-    measured time per layer, unless it is fixed. The reuse forecast, once a token, may take
+    The predictor's budget per decode layer is ``PREDICTOR_BUDGET`` of the layer's compute
+    plus the time the layer still waits for copies (the cache measures both and tells the
+    policy, ``observe_timing``). While the link is behind, host time spent forecasting is time
+    the layer would have waited anyway: the queued copies go on meanwhile. The wait is measured
+    with the predictor running, so a predictor dearer than the wait it would find settles at
+    about half of it. When one call costs more than the budget, it runs every ``stride``-th
+    MoE layer only (``stride`` at most its horizon), and the layers in between re-plan with
+    what is left of the last forecast. The stride is chosen from the measured cost of a call
+    and the measured times per layer, unless it is fixed. The reuse forecast, once a token, may take
     half the budget: when it costs more, it runs every ``reuse_stride``-th token (measured:
     every other token evicts as well as every token), and the forecast gets what it leaves.
     """
@@ -375,36 +384,46 @@ class SeqMoEPolicy(BeladyPolicy):
         self._reuse_call_seconds: float | None = None
         self._tokens_since_reuse = 0
         self._layer_seconds: float | None = None
-        self._last_forecast_at: tuple[int, float] | None = None
+        self._stall_seconds = 0.0
         self._made = Forecasts.of([])
         self._made_at = -(10**9)
         self._targets: list[int] = []
         """The target layer of each horizon of the last call."""
 
+    def observe_timing(self, layer_seconds: float, stall_seconds: float) -> None:
+        self._layer_seconds, self._stall_seconds = layer_seconds, stall_seconds
+
+    @property
+    def budget(self) -> float | None:
+        """Seconds per decode layer the predictor and the reuse forecast may take together;
+        ``None`` until a decode layer was timed."""
+        if not self._layer_seconds:
+            return None
+        stall = min(max(self._stall_seconds, 0.0), self._layer_seconds)
+        return PREDICTOR_BUDGET * (self._layer_seconds - stall) + stall
+
     @property
     def stride(self) -> int:
         if self.fixed_stride is not None:
             return self.fixed_stride
-        if self._call_seconds is None or not self._layer_seconds:
+        budget = self.budget
+        if self._call_seconds is None or budget is None:
             return 1
         horizon = max(len(self._targets), 1)
         reuse = (self._reuse_call_seconds or 0.0) / (self.reuse_stride * self.num_layers)
-        budget = PREDICTOR_BUDGET * self._layer_seconds - reuse
-        needed = math.ceil(self._call_seconds / budget) if budget > 0 else horizon
+        needed = math.ceil(self._call_seconds / (budget - reuse)) if budget > reuse else horizon
         return max(1, min(needed, horizon))
 
     @property
     def reuse_stride(self) -> int:
-        if self.fixed_stride is not None or self._reuse_call_seconds is None or not self._layer_seconds:
+        if self.fixed_stride is not None:
             return 1
-        half = PREDICTOR_BUDGET * self._layer_seconds * self.num_layers / 2
-        return max(1, math.ceil(self._reuse_call_seconds / half))
+        budget = self.budget
+        if self._reuse_call_seconds is None or budget is None:
+            return 1
+        return max(1, math.ceil(self._reuse_call_seconds / (budget * self.num_layers / 2)))
 
     def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
-        now = self.clock()
-        if self._last_forecast_at is not None and self._last_forecast_at[0] == self._clock - 1:
-            self._layer_seconds = _smoothed(self._layer_seconds, now - self._last_forecast_at[1])
-        self._last_forecast_at = (self._clock, now)
         elapsed = self._clock - self._made_at
         if elapsed >= self.stride:
             self._made = self._call(layer, hidden, routed)

@@ -305,6 +305,17 @@ def test_link_load_is_copy_time_per_second_of_compute_stalls_excluded() -> None:
     assert cache.link_load == pytest.approx(4.0)
 
 
+def test_the_cache_tells_its_policy_how_long_decode_layers_take_and_wait_for_copies() -> None:
+    clock = VirtualClock()
+    policy = SeqMoEPolicy(lambda h, l, r: torch.zeros(1, EXPERTS), LAYERS, torch.full((LAYERS, EXPERTS), 0.3))
+    cache = virtual_cache(4, policy, clock, seconds_per_copy=4.0)
+    cache.release(cache.acquire(0, [0], prefill=False))  # a miss: 4 s of stall
+    clock.now += 1.0
+    cache.release(cache.acquire(1, [0], prefill=False))  # a hit
+    # The layer took 5 s, 4 of them waiting: 5% of 1 s of compute, and the 4 s.
+    assert policy.budget == pytest.approx(0.05 * 1.0 + 4.0)
+
+
 def test_planned_prefetch_turns_the_next_layer_into_a_hit() -> None:
     policy = belady()
     cache = make_cache(4, policy)
@@ -424,11 +435,11 @@ def test_an_expensive_predictor_runs_every_few_layers_within_its_budget() -> Non
     seen = []
     for step in range(24):
         layer = step % LAYERS
+        policy.observe_timing(10.0, 0.0)
         policy.observe(layer, [0])
         calls = policy.calls
         forecasts = policy.forecast(layer, torch.zeros(4), torch.tensor([0]))
         seen.append((layer, policy.calls > calls, forecasts))
-        clock.now += 10.0
     assert policy.stride == 2
     called = [made for _, made, _ in seen[-8:]]
     assert called.count(True) == 4, "every other layer once the costs are measured"
@@ -452,9 +463,9 @@ def test_the_reuse_forecast_takes_its_share_of_the_budget_first() -> None:
 
     policy = SeqMoEPolicy(predict, LAYERS, torch.full((LAYERS, EXPERTS), 0.3), clock=clock, reuse=reuse)
     for step in range(24):
+        policy.observe_timing(10.0, 0.0)
         policy.observe(step % LAYERS, [0])
         policy.forecast(step % LAYERS, torch.zeros(4), torch.tensor([0]))
-        clock.now += 10.0
     assert policy.stride == 2  # ceil(0.5 / (0.5 - 0.25))
     assert policy.reuse_seconds == pytest.approx(6.0)  # every token's last layer
 
@@ -479,16 +490,16 @@ def test_a_reuse_forecast_dearer_than_half_the_budget_runs_every_few_tokens() ->
     calls = []
 
     def reuse(hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor, discount: float) -> torch.Tensor:
-        clock.now += 3.0  # half the budget of a token is about 0.05 * 11 * 4 / 2 = 1.1
+        clock.now += 3.0  # half the budget of a token is 0.05 * 10 * 4 / 2 = 1
         calls.append(policy._clock)
         return torch.full((LAYERS, EXPERTS), 0.25)
 
     policy = SeqMoEPolicy(lambda h, l, r: torch.full((3, EXPERTS), 0.5), LAYERS, torch.full((LAYERS, EXPERTS), 0.3),
                           clock=clock, reuse=reuse)
     for step in range(10 * LAYERS):
+        policy.observe_timing(10.0, 0.0)
         policy.observe(step % LAYERS, [0])
         policy.forecast(step % LAYERS, torch.zeros(4), torch.tensor([0]))
-        clock.now += 10.0
         if step == 9 * LAYERS - 2:  # two tokens after the last forecast, within its three
             assert policy.later_values()[1, 1] == 0.25
     assert policy.reuse_stride == 3
@@ -498,10 +509,29 @@ def test_a_reuse_forecast_dearer_than_half_the_budget_runs_every_few_tokens() ->
 def test_a_cheap_predictor_runs_at_every_layer() -> None:
     policy = SeqMoEPolicy(lambda h, l, r: torch.full((2, EXPERTS), 0.5), LAYERS, torch.full((LAYERS, EXPERTS), 0.3))
     for step in range(12):
+        policy.observe_timing(0.01, 0.0)
         policy.observe(step % LAYERS, [0])
         policy.forecast(step % LAYERS, torch.zeros(4), torch.tensor([0]))
-        time.sleep(0.01)
     assert policy.stride == 1 and policy.calls == 12
+
+
+def test_a_predictor_dearer_than_its_share_runs_at_every_layer_while_the_layers_wait_for_the_link() -> None:
+    clock = _Clock()
+
+    def predict(hidden: torch.Tensor, layer: int, routed: torch.Tensor) -> torch.Tensor:
+        clock.now += 1.0  # 0.05 of a layer of 10 is 0.5: alone, every other layer
+        return torch.full((3, EXPERTS), 0.5)
+
+    policy = SeqMoEPolicy(predict, LAYERS, torch.full((LAYERS, EXPERTS), 0.3), clock=clock)
+    for stall, stride in ((4.0, 1), (0.0, 2), (0.4, 2), (0.6, 1)):  # budget 0.05 * (10 - stall) + stall
+        for step in range(4 * LAYERS):
+            if step == 2 * LAYERS:  # settled
+                calls = policy.calls
+            policy.observe_timing(10.0, stall)
+            policy.observe(step % LAYERS, [0])
+            policy.forecast(step % LAYERS, torch.zeros(4), torch.tensor([0]))
+        assert policy.stride == stride
+        assert policy.calls - calls == 2 * LAYERS // stride
 
 
 def _first_reply_predictor(expert: int, horizon: int = LAYERS):
