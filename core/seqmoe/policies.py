@@ -2,8 +2,9 @@
 
 A policy sees every access (``observe``), may forecast the experts of the next layers
 after a decode layer has been routed (``forecast``) or, in prefill, what the reply's first
-token will use (``look_past_prompt``), and chooses victims (``victim``). The
-experts function never sees a policy; it only asks the cache for slots.
+token will use (``look_past_prompt``), hears how long decode layers take and wait for copies
+(``observe_timing``), and ranks the evictable experts (``eviction_order``). The experts
+function never sees a policy; it only asks the cache for slots.
 
 Policies:
 
@@ -42,9 +43,9 @@ coming back to. When the predictor has a reuse head (``predictor.reuse``), its f
 when each expert comes back gives the discounted later use, ``E[g ** N]`` over its forecast,
 in place of the geometric ``r g / (1 - (1 - r) g)``, for the tokens its forecast speaks for
 (the next one, or a few when it runs every few tokens), for the experts not used since it was
-made. The expert with the
-largest ``D`` is evicted; candidates within ``NEAR`` layers of that largest distance count as
-equally far, and among them the lowest ``p`` goes first, then the least recently used.
+made. The expert with the largest ``D`` is evicted; candidates within ``NEAR`` layers of that
+largest distance count as equally far, and among them the lowest ``p`` goes first, then the
+least recently used.
 
 **Prefill to reply.** During prefill, ``seqmoe`` forecasts from the prompt's last token at
 every MoE layer ``l`` and takes the horizons that reach past the prompt: the reply's first
@@ -350,9 +351,10 @@ class SeqMoEPolicy(BeladyPolicy):
     about half of it. When one call costs more than the budget, it runs every ``stride``-th
     MoE layer only (``stride`` at most its horizon), and the layers in between re-plan with
     what is left of the last forecast. The stride is chosen from the measured cost of a call
-    and the measured times per layer, unless it is fixed. The reuse forecast, once a token, may take
-    half the budget: when it costs more, it runs every ``reuse_stride``-th token (measured:
-    every other token evicts as well as every token), and the forecast gets what it leaves.
+    and the measured times per layer, unless it is fixed. The reuse forecast, once a token,
+    may take half the budget: when it costs more, it runs every ``reuse_stride``-th token
+    (measured: every other token evicts as well as every token), and the forecast gets what it
+    leaves.
     """
 
     name = "seqmoe"
