@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="seqmoe", description="Offloaded Mixture-of-Experts inference.")
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="generate text with an offloaded MoE model")
-    add_model_arguments(generate)
+    add_model_arguments(generate, policy="seqmoe")  # as in the app: what the engine is for
     generate.add_argument("--prompt", required=True, help="the prompt text")
     generate.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     generate.add_argument("--max-new-tokens", type=int, default=128)
@@ -127,10 +127,11 @@ def add_text_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--continuation", type=_whole, default=48, help="greedy tokens generated after each document")
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags shared by every command that runs a model."""
+def add_model_arguments(parser: argparse.ArgumentParser, policy: str = "lru") -> None:
+    """Flags shared by every command that runs a model. The commands that trace or measure a
+    model default to ``lru``, which runs no predictor."""
     parser.add_argument("--model", default=None, help="local folder or hub id (default: the bundled demo model)")
-    parser.add_argument("--policy", choices=POLICY_NAMES, default="lru", help="expert cache policy")
+    parser.add_argument("--policy", choices=POLICY_NAMES, default=policy, help="expert cache policy (default: %(default)s)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--cache-ratio", type=float, help="fraction of all routed experts kept on the device")
     size.add_argument("--vram-budget", type=float, metavar="GB", help="device memory budget in GiB, all included")
@@ -167,8 +168,6 @@ def run_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     prompt_ids = engine.encode(args.prompt, chat=args.chat)
-    if args.policy == "seqmoe" and not args.json:
-        print(predictor_note(engine), file=sys.stderr)
     printer = None if args.json else _StreamPrinter(engine.loaded.tokenizer)
     result = engine.generate(prompt_ids, sampling, on_token=printer.add if printer else None)
     engine.close()
@@ -185,6 +184,9 @@ def run_generate(args: argparse.Namespace) -> int:
         print(result.stats.summary(), file=sys.stderr)
         if result.stats.context_full:
             print(f"the reply stopped where the {engine.context_tokens}-token context was full", file=sys.stderr)
+        if args.policy == "seqmoe":
+            # After the reply, so that a refusal or a failure stays the one line it is.
+            print(predictor_note(engine), file=sys.stderr)
     return 0
 
 

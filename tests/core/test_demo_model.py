@@ -80,5 +80,5 @@ def test_generate_without_model_chats_with_the_demo_offline(capsys: pytest.Captu
                    "--cache-ratio", "0.45", "--device", "cpu", "--json"])
     assert status == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["text"].strip() and result["stats"]["policy"] == "lru"
+    assert result["text"].strip() and result["stats"]["policy"] == "seqmoe"  # the app's default too
     assert result["stats"]["cache_ratio"] == pytest.approx(0.45, abs=0.01)
