@@ -3,8 +3,8 @@
 The simulator replays traces through the engine's own cache, policies and predictor on a
 virtual clock; this tool times those calls on the real one (``acquire``, the policy's
 ``forecast``, the cache's ``plan``), per decode layer. The simulator runs the predictor at
-every layer; the engine runs it every few layers when it is dear, so ``forecast`` here is
-an upper bound.
+every layer; the engine runs it every few layers when it is dear and the layers do not wait
+for the link, so ``forecast`` here is an upper bound.
 
 A routing shape as large as Qwen3-30B-A3B's (48 MoE layers of 128 experts, top-8) needs no
 real weights; a random-weight model with tiny widths routes as many experts:

@@ -170,6 +170,7 @@ def run_generate(args: argparse.Namespace) -> int:
     prompt_ids = engine.encode(args.prompt, chat=args.chat)
     printer = None if args.json else _StreamPrinter(engine.loaded.tokenizer)
     result = engine.generate(prompt_ids, sampling, on_token=printer.add if printer else None)
+    note = predictor_note(engine) if args.policy == "seqmoe" and not args.json else None
     engine.close()
     if args.json:
         payload = {
@@ -184,9 +185,9 @@ def run_generate(args: argparse.Namespace) -> int:
         print(result.stats.summary(), file=sys.stderr)
         if result.stats.context_full:
             print(f"the reply stopped where the {engine.context_tokens}-token context was full", file=sys.stderr)
-        if args.policy == "seqmoe":
+        if note is not None:
             # After the reply, so that a refusal or a failure stays the one line it is.
-            print(predictor_note(engine), file=sys.stderr)
+            print(note, file=sys.stderr)
     return 0
 
 
