@@ -266,7 +266,7 @@ class ExpertCache:
         held = self.pool.held
         resident = np.zeros(self.host.total_experts, dtype=bool)
         resident[held[held >= 0]] = True
-        wanted = (made.probability >= self.worth_prefetching()) & ~resident[made.layer * self.host.layout.num_experts + made.expert]
+        wanted = (made.probability >= self.worth_prefetching()) & ~resident[made.flat(self.host.layout.num_experts)]
         best: dict[ExpertKey, Forecast] = {}
         for forecast in made.where(wanted):
             known = best.get(forecast.key)

@@ -126,6 +126,10 @@ class Forecasts(Sequence[Forecast]):
     def __getitem__(self, index: int) -> Forecast:  # type: ignore[override]
         return Forecast((int(self.layer[index]), int(self.expert[index])), float(self.probability[index]), int(self.horizon[index]))
 
+    def flat(self, num_experts: int) -> np.ndarray:
+        """Each forecast expert's ``layer * num_experts + expert`` (see ``flat_indices``)."""
+        return self.layer * num_experts + self.expert
+
     def where(self, mask: np.ndarray) -> Forecasts:
         return Forecasts(self.layer[mask], self.expert[mask], self.probability[mask], self.horizon[mask])
 
@@ -331,7 +335,7 @@ class BeladyPolicy(Policy):
         made = Forecasts.of(forecasts)
         if len(made) and made.horizon.max() > self.num_layers:
             nearest_first = np.argsort(made.horizon, kind="stable")
-            _, first = np.unique((made.layer * self.num_experts + made.expert)[nearest_first], return_index=True)
+            _, first = np.unique(made.flat(self.num_experts)[nearest_first], return_index=True)
             made = made.where(nearest_first[first])
         self._forecast.fill(0.0)
         self._forecast[made.layer, made.expert] = made.probability
