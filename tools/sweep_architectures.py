@@ -3,12 +3,13 @@ through the engine: does each load, and give transformers' own greedy tokens und
 
     .venv/bin/python tools/sweep_architectures.py [MODEL_TYPE ...]
 
-The tests cover eighteen families by hand; this sweep is for a transformers upgrade, when new
+The tests cover nineteen families by hand; this sweep is for a transformers upgrade, when new
 architectures arrive. Each model type runs in a child process (a default config may be huge,
 or crash), from its default config with the sizes below made small. Some architectures need
 more than that (multi-head latent attention wants as many key-value heads as heads, hybrid
-models a full-attention layer among their first layers, ZAYA1 one expert a token, DBRX its own size names), so a few
-variants are tried in turn until transformers itself can generate. One line per model type:
+models a full-attention layer among their first layers, ZAYA1 one expert a token, DBRX its own
+size names, Kolibri 1.1 layers that share their K/V), so a few variants are tried in turn until
+transformers itself can generate. One line per model type:
 
     same      the engine's tokens equal transformers' under full, lru, gate and seqmoe; with the
               share of the chosen experts that the gate's look-ahead ranks in its top-k, given each
@@ -48,6 +49,7 @@ SMALL = dict(
     mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, ssm_state_size=8, sliding_window=16,
     global_attn_every_n_layers=2, decoder_sparse_step=1, pad_token_id=0, bos_token_id=2, eos_token_id=1,
     enable_moe_block=True, top_k_experts=2,
+    zero_expert_num=4,  # LongCat-Flash's skip choices, half as many as its experts (256 to 512 there)
 )
 VARIANTS = (
     {}, {"num_key_value_heads": 4}, {"num_hidden_layers": 4}, {"num_key_value_heads": 4, "num_hidden_layers": 4},
@@ -60,6 +62,10 @@ VARIANTS = (
     {"d_model": 32, "n_heads": 4, "n_layers": 2,
      "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
      "ffn_config": {"ffn_hidden_size": 48, "moe_num_experts": 8, "moe_top_k": 2}},
+    # Kolibri 1.1: indexed-attention layers that share their K/V, heads a multiple of 16 wide
+    {"num_hidden_layers": 4, "head_dim": 16, "mlp_only_layers": [0], "index_layers": [1], "kv_source_layers": [0, 1, 2, 1],
+     "layer_types": ["sliding_attention", "indexed_attention", "sliding_attention", "indexed_attention"],
+     "index_pool_size": 16, "index_compression": 4, "index_num_heads": 2, "index_num_local_tokens": 4, "index_num_sink_tokens": 2},
 )
 POLICIES = (("full", 1.0), ("lru", 0.5), ("gate", 0.5), ("seqmoe", 0.5), ("lru", None))
 """Policy and cache ratio; ``None``: the smallest cache the model allows."""

@@ -115,6 +115,13 @@ FAMILIES: dict[str, transformers.PretrainedConfig] = {
         num_experts_per_tok=2, n_group=1, topk_group=1, mamba_num_heads=8, mamba_head_dim=8, n_groups=1,
         ssm_state_size=16, chunk_size=16,
     ),
+    # zero-computation experts (LongCat-Flash): the router also picks among skip choices, which reach
+    # the experts as real experts with weight 0; the choice takes a correction bias
+    "longcat_flash": transformers.LongcatFlashConfig(
+        **{**_COMMON, "num_key_value_heads": 4}, num_layers=2, ffn_hidden_size=64, expert_ffn_hidden_size=64,
+        n_routed_experts=8, zero_expert_num=4, moe_topk=2, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=8, head_dim=8,
+    ),
     # linear-attention layers between full-attention ones, and a gated shared expert: no plain KV cache
     "qwen3_next": transformers.Qwen3NextConfig(
         **_COMMON, head_dim=8, intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,
