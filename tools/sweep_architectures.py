@@ -8,8 +8,8 @@ architectures arrive. Each model type runs in a child process (a default config 
 or crash), from its default config with the sizes below made small. Some architectures need
 more than that (multi-head latent attention wants as many key-value heads as heads, hybrid
 models a full-attention layer among their first layers, ZAYA1 one expert a token, DBRX its own
-size names, Kolibri 1.1 layers that share their K/V), so a few variants are tried in turn until
-transformers itself can generate. One line per model type:
+size names, Kolibri 1.1 layers that share their K/V, Qwen4-exp its indexer's sizes), so a few
+variants are tried in turn until transformers itself can generate. One line per model type:
 
     same      the engine's tokens equal transformers' under full, lru, gate and seqmoe; with the
               share of the chosen experts that the gate's look-ahead ranks in its top-k, given each
@@ -66,6 +66,10 @@ VARIANTS = (
     {"num_hidden_layers": 4, "head_dim": 16, "mlp_only_layers": [0], "index_layers": [1], "kv_source_layers": [0, 1, 2, 1],
      "layer_types": ["sliding_attention", "indexed_attention", "sliding_attention", "indexed_attention"],
      "index_pool_size": 16, "index_compression": 4, "index_num_heads": 2, "index_num_local_tokens": 4, "index_num_sink_tokens": 2},
+    # Qwen4-exp: indexed-attention layers with an indexer of their own sizes among linear ones, n-gram embeddings
+    {"layer_types": ["indexed_attention", "linear_attention", "indexed_attention"], "ngram_vocab_size_base": 256,
+     "make_ngram_vocab_size_divisible_by": 8, "split_ngram_parts": 4, "indexer_n_heads": 2, "indexer_kv_heads": 1,
+     "indexer_head_dim": 8, "indexer_budget": 4, "indexer_compress_ratio": 2, "hc_lowrank": 8},
 )
 POLICIES = (("full", 1.0), ("lru", 0.5), ("gate", 0.5), ("seqmoe", 0.5), ("lru", None))
 """Policy and cache ratio; ``None``: the smallest cache the model allows."""
