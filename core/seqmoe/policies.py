@@ -422,10 +422,8 @@ class SeqMoEPolicy(BeladyPolicy):
 
     @property
     def reuse_stride(self) -> int:
-        if self.fixed_stride is not None:
-            return 1
         budget = self.budget
-        if self._reuse_call_seconds is None or budget is None:
+        if self.fixed_stride is not None or self._reuse_call_seconds is None or budget is None:
             return 1
         return max(1, math.ceil(self._reuse_call_seconds / (budget * self.num_layers / 2)))
 
