@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import torch
 from safetensors import SafetensorError
 from torch import nn
@@ -78,7 +79,7 @@ class LoadedModel:
 
     @property
     def resident_bytes(self) -> int:
-        expert_ids = {id(p) for module in self.experts for p in expert_parameters(module).values()}
+        expert_ids = _expert_parameter_ids(self.experts)
         tensors = [p for p in self.model.parameters() if id(p) not in expert_ids] + list(self.model.buffers())
         return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -256,6 +257,27 @@ def check_weights(path: Path) -> list[Path]:
     return files
 
 
+def weights_bytes(skeleton: nn.Module, files: list[Path], dtype: str | None) -> int:
+    """Host memory the weights take once loaded: the parameters (``skeleton``, built by
+    ``check_supported``) at ``dtype``, else the checkpoint's files as they are (loaded in their
+    own dtype; a quantized checkpoint dequantized on load takes more, so this is its least)."""
+    if dtype is not None:
+        return sum(param.numel() for param in skeleton.parameters()) * DTYPES[dtype].itemsize
+    return sum(file.stat().st_size for file in files)
+
+
+def check_host_memory(name: str, need: int, dtype: str | None) -> None:
+    """Refuse weights larger than this computer's RAM before reading them: every weight is loaded
+    into host memory, and the experts stay there (a share of them fits in VRAM)."""
+    ram = psutil.virtual_memory().total
+    if need > ram:
+        smaller = " (or a smaller dtype than float32)" if dtype == "float32" else ""
+        raise ModelRefused(
+            f"{name}'s weights take {need / 2**30:.1f} GiB and this computer has {ram / 2**30:.1f} GiB of RAM; "
+            f"seqmoe keeps every expert in RAM, so choose a smaller model{smaller}"
+        )
+
+
 def _check_safetensors_size(file: Path) -> None:
     size = file.stat().st_size
     with file.open("rb") as handle:
@@ -336,8 +358,8 @@ def load_model(model: str, device: str = "auto", dtype: str | None = None, on_pr
     path = resolve(model)
     progress("Checking the model", 0.05)
     config = read_config(path)
-    check_supported(config)
-    check_weights(path)
+    skeleton = check_supported(config)
+    check_host_memory(path.name, weights_bytes(skeleton, check_weights(path), dtype), dtype)
     progress("Loading the tokenizer", 0.1)
     tokenizer = load_tokenizer(path)
     top_k = top_k_of(config)
@@ -367,7 +389,7 @@ def load_model(model: str, device: str = "auto", dtype: str | None = None, on_pr
         ) from None
     progress(f"Moving the other weights to {target.type}", 0.85)
     try:
-        _place(hf_model, experts, host, target)
+        _place(hf_model, experts, target)
     except torch.OutOfMemoryError:
         raise ModelRefused(
             f"{path.name}'s non-expert weights do not fit in {target.type} memory; free device memory, or run on the CPU"
@@ -385,13 +407,13 @@ def load_model(model: str, device: str = "auto", dtype: str | None = None, on_pr
     )
 
 
-def _place(model: nn.Module, experts: list[nn.Module], host: HostStore, device: torch.device) -> None:
-    """Experts' parameters become the host store's tensors; every other tensor moves to ``device``."""
-    expert_params = set()
-    for module, layer in zip(experts, host.tensors):
-        for name, param in expert_parameters(module).items():
-            param.data = layer[name]
-            expert_params.add(id(param))
+def _expert_parameter_ids(experts: list[nn.Module]) -> set[int]:
+    return {id(param) for module in experts for param in expert_parameters(module).values()}
+
+
+def _place(model: nn.Module, experts: list[nn.Module], device: torch.device) -> None:
+    """Every tensor but the experts' (the host store's since it was built) moves to ``device``."""
+    expert_params = _expert_parameter_ids(experts)
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
             if id(param) not in expert_params:

@@ -74,7 +74,13 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 class HostStore:
-    """Every routed expert of every MoE layer, in host memory."""
+    """Every routed expert of every MoE layer, in host memory.
+
+    The modules' expert parameters become the store's tensors layer by layer. A pinned copy
+    replaces the loaded weights of its layer at once, so the loaded weights of a layer are
+    freed before the next layer is copied: host memory holds the model and one layer's
+    experts more at most, not two copies of every expert.
+    """
 
     def __init__(self, modules: list[nn.Module], pin: bool) -> None:
         self.layout = ExpertLayout.of(modules[0])
@@ -86,7 +92,7 @@ class HostStore:
             layer = {}
             for name in self.layout.names:
                 tensor = params[name].data.to("cpu").contiguous()
-                layer[name] = tensor.pin_memory() if pin else tensor
+                layer[name] = params[name].data = tensor.pin_memory() if pin else tensor
             self.tensors.append(layer)
 
     @property

@@ -35,6 +35,30 @@ def cache() -> ExpertCache:
     copier.close()
 
 
+def test_pinned_copies_replace_each_layers_loaded_weights_before_the_next_layer_is_copied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Else host memory holds a pinned copy of every expert beside the loaded model while the
+    store is built (emulated: pinning needs CUDA, so a copy stands for it)."""
+    modules = [FakeExperts(layer) for layer in range(3)]
+    pinned: list[torch.Tensor] = []
+    earlier_adopted: list[bool] = []
+
+    def pin(tensor: torch.Tensor) -> torch.Tensor:
+        held = {p.data_ptr() for module in modules for p in module.parameters()}
+        earlier_adopted.append(all(copy.data_ptr() in held for copy in pinned))
+        pinned.append(tensor.clone())
+        return pinned[-1]
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    host = HostStore(modules, pin=True)
+    assert len(pinned) == 6 and all(earlier_adopted)
+    for module, layer in zip(modules, host.tensors):
+        assert module.gate_up_proj.data_ptr() == layer["gate_up_proj"].data_ptr()
+        assert module.down_proj.data_ptr() == layer["down_proj"].data_ptr()
+    assert host.sources((2, 3))[0][0, 0].item() == 203.0
+
+
 def test_acquired_slots_hold_the_right_weights(cache: ExpertCache) -> None:
     slots = cache.acquire(2, [1, 3], prefill=False)
     assert [cache.pool.tensors["gate_up_proj"][s][0, 0].item() for s in slots] == [201.0, 203.0]

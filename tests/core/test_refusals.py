@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -346,3 +347,17 @@ def test_host_memory_that_cannot_be_pinned_is_refused_in_one_line(mixtral_dir: P
     monkeypatch.setattr(seqmoe.loader, "HostStore", pin)
     with pytest.raises(ModelRefused, match=r"could not be pinned in host memory .*CUDA error: out of memory\); close other"):
         load_model(str(mixtral_dir), device="cpu")
+
+
+def test_weights_larger_than_the_ram_are_refused_before_loading(
+    capsys: pytest.CaptureFixture[str], mixtral_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The tiny checkpoint is float32: in bfloat16 it takes half its files' size.
+    files = sum(file.stat().st_size for file in mixtral_dir.glob("*.safetensors"))
+    monkeypatch.setattr(seqmoe.loader.psutil, "virtual_memory", lambda: SimpleNamespace(total=files * 3 // 4))
+    monkeypatch.setattr(seqmoe.loader.AutoModelForCausalLM, "from_pretrained", None)  # refused before any weight is read
+    assert_refused(capsys, mixtral_dir, "weights take", "GiB of RAM", "choose a smaller model")
+    assert_refused(capsys, mixtral_dir, "or a smaller dtype than float32", extra=("--dtype", "float32"))
+    monkeypatch.undo()
+    monkeypatch.setattr(seqmoe.loader.psutil, "virtual_memory", lambda: SimpleNamespace(total=files * 3 // 4))
+    assert load_model(str(mixtral_dir), device="cpu", dtype="bfloat16").host.layout.dtype == torch.bfloat16
