@@ -267,14 +267,21 @@ def weights_bytes(skeleton: nn.Module, files: list[Path], dtype: str | None) -> 
 
 
 def check_host_memory(name: str, need: int, dtype: str | None) -> None:
-    """Refuse weights larger than this computer's RAM before reading them: every weight is loaded
-    into host memory, and the experts stay there (a share of them fits in VRAM)."""
-    ram = psutil.virtual_memory().total
-    if need > ram:
-        smaller = " (or a smaller dtype than float32)" if dtype == "float32" else ""
+    """Refuse weights larger than this computer's RAM, or than the memory free now, before reading
+    them: every weight is loaded into host memory and the experts stay there (a share of them fits
+    in VRAM); a load past the free memory and swap ends with the system killing the process."""
+    memory = psutil.virtual_memory()
+    smaller = " (or a smaller dtype than float32)" if dtype == "float32" else ""
+    if need > memory.total:
         raise ModelRefused(
-            f"{name}'s weights take {need / 2**30:.1f} GiB and this computer has {ram / 2**30:.1f} GiB of RAM; "
+            f"{name}'s weights take {need / 2**30:.1f} GiB and this computer has {memory.total / 2**30:.1f} GiB of RAM; "
             f"seqmoe keeps every expert in RAM, so choose a smaller model{smaller}"
+        )
+    free = memory.available + psutil.swap_memory().free
+    if need > free:
+        raise ModelRefused(
+            f"{name}'s weights take {need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB of RAM and swap is free now "
+            f"(of {memory.total / 2**30:.1f} GiB of RAM); close other programs, or choose a smaller model{smaller}"
         )
 
 

@@ -349,15 +349,23 @@ def test_host_memory_that_cannot_be_pinned_is_refused_in_one_line(mixtral_dir: P
         load_model(str(mixtral_dir), device="cpu")
 
 
-def test_weights_larger_than_the_ram_are_refused_before_loading(
+def test_weights_larger_than_the_ram_or_the_free_memory_are_refused_before_loading(
     capsys: pytest.CaptureFixture[str], mixtral_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The tiny checkpoint is float32: in bfloat16 it takes half its files' size.
     files = sum(file.stat().st_size for file in mixtral_dir.glob("*.safetensors"))
-    monkeypatch.setattr(seqmoe.loader.psutil, "virtual_memory", lambda: SimpleNamespace(total=files * 3 // 4))
-    monkeypatch.setattr(seqmoe.loader.AutoModelForCausalLM, "from_pretrained", None)  # refused before any weight is read
-    assert_refused(capsys, mixtral_dir, "weights take", "GiB of RAM", "choose a smaller model")
-    assert_refused(capsys, mixtral_dir, "or a smaller dtype than float32", extra=("--dtype", "float32"))
-    monkeypatch.undo()
-    monkeypatch.setattr(seqmoe.loader.psutil, "virtual_memory", lambda: SimpleNamespace(total=files * 3 // 4))
+
+    def memory(total: int, available: int, swap: int = 0) -> None:
+        monkeypatch.setattr(seqmoe.loader.psutil, "virtual_memory", lambda: SimpleNamespace(total=total, available=available))
+        monkeypatch.setattr(seqmoe.loader.psutil, "swap_memory", lambda: SimpleNamespace(free=swap))
+
+    memory(total=files * 3 // 4, available=files * 3 // 4)
+    with monkeypatch.context() as reading:
+        reading.setattr(seqmoe.loader.AutoModelForCausalLM, "from_pretrained", None)  # refused before any weight is read
+        assert_refused(capsys, mixtral_dir, "weights take", "GiB of RAM", "choose a smaller model")
+        assert_refused(capsys, mixtral_dir, "or a smaller dtype than float32", extra=("--dtype", "float32"))
+        memory(total=files * 4, available=files // 2, swap=files // 4)
+        assert_refused(capsys, mixtral_dir, "GiB of RAM and swap is free now", "close other programs")
     assert load_model(str(mixtral_dir), device="cpu", dtype="bfloat16").host.layout.dtype == torch.bfloat16
+    memory(total=files * 4, available=files // 2, swap=files)
+    assert load_model(str(mixtral_dir), device="cpu").host.layout.dtype == torch.float32
