@@ -271,16 +271,17 @@ def check_host_memory(name: str, need: int, dtype: str | None) -> None:
     them: every weight is loaded into host memory and the experts stay there (a share of them fits
     in VRAM); a load past the free memory and swap ends with the system killing the process."""
     memory = psutil.virtual_memory()
+    weights = f"{name}'s weights take {need / 2**30:.1f} GiB"
     smaller = " (or a smaller dtype than float32)" if dtype == "float32" else ""
     if need > memory.total:
         raise ModelRefused(
-            f"{name}'s weights take {need / 2**30:.1f} GiB and this computer has {memory.total / 2**30:.1f} GiB of RAM; "
+            f"{weights} and this computer has {memory.total / 2**30:.1f} GiB of RAM; "
             f"seqmoe keeps every expert in RAM, so choose a smaller model{smaller}"
         )
     free = memory.available + psutil.swap_memory().free
     if need > free:
         raise ModelRefused(
-            f"{name}'s weights take {need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB of RAM and swap is free now "
+            f"{weights} and {free / 2**30:.1f} GiB of RAM and swap is free now "
             f"(of {memory.total / 2**30:.1f} GiB of RAM); close other programs, or choose a smaller model{smaller}"
         )
 
