@@ -1,0 +1,96 @@
+"""``CudaCopier`` on the CPU, against a fake GPU that keeps a GPU's ordering (``fake_gpu``).
+
+The CUDA tests (``test_cuda.py``) need a GPU. These run its copier's queue, events and waits
+everywhere, through the whole engine: a wait that is missing or in the wrong place lets a layer
+compute with a slot whose copy has not landed, and the tokens change.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqmoe import Engine, Sampling, load_model
+from seqmoe.transfer import CopyJob, CudaCopier, JobState
+
+from .fake_gpu import FakeGPU
+from .test_equivalence import NEW_TOKENS, PROMPT
+
+CPU = torch.device("cpu")
+
+
+def jobs(count: int) -> tuple[list[torch.Tensor], list[CopyJob]]:
+    """``count`` jobs, job ``i`` filling slot ``i`` (zeros) with the value ``i + 1``."""
+    slots = [torch.zeros(64) for _ in range(count)]
+    made = [CopyJob((0, i), i, [(slots[i], torch.full((64,), float(i + 1)))], 256) for i in range(count)]
+    return slots, made
+
+
+def test_a_copy_lands_when_compute_waits_for_it_and_a_held_back_one_can_be_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gpu = FakeGPU(monkeypatch, seconds_per_copy=60.0)
+    copier = CudaCopier(CPU, max_in_flight=1)
+    slots, (first, second, third) = jobs(3)
+    for job in (first, second, third):
+        copier.submit(job)
+    assert gpu.copies_not_landed == 1 and slots[0][0].item() == 0.0  # on the stream, not landed
+    assert copier.cancel(third) and third.state is JobState.CANCELLED
+    copier.wait(second)
+    assert [slot[0].item() for slot in slots] == [1.0, 2.0, 0.0]  # the stream runs in order
+    assert copier.bytes_copied == 512
+
+
+def test_urgent_copies_overtake_prefetches_and_polling_starts_the_queued(monkeypatch: pytest.MonkeyPatch) -> None:
+    FakeGPU(monkeypatch, seconds_per_copy=0.01)
+    copier = CudaCopier(CPU, max_in_flight=1)
+    slots, made = jobs(4)
+    for job in made[:3]:
+        copier.submit(job)
+    copier.submit(made[3], urgent=True)
+    copier.wait(made[3])
+    assert slots[3][0].item() == 4.0 and slots[2][0].item() == 0.0
+    deadline = time.monotonic() + 10
+    while not copier.done(made[2]):  # no further submit: the cache's polling moves the queue on
+        assert time.monotonic() < deadline, "a queued prefetch never reached the stream"
+        time.sleep(0.001)
+    assert slots[2][0].item() == 3.0
+
+
+def test_a_copy_into_a_released_slot_lands_and_its_stall_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = FakeGPU(monkeypatch, seconds_per_copy=60.0)
+    copier = CudaCopier(CPU)
+    slots, (job,) = jobs(1)
+    copier.release(0)
+    copier.submit(job)
+    assert gpu.copies_not_landed == 1
+    copier.wait(job)
+    assert slots[0][0].item() == 1.0 and gpu.copies_not_landed == 0
+    assert [stall.key for stall in copier.take_stalls()] == [(0, 0)]
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "jamba"])
+def test_offloaded_generation_through_the_cuda_copier_matches_full(
+    tiny_models: dict[str, Path], family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = Engine(load_model(str(tiny_models[family]), device="cpu"))
+    greedy = Sampling(max_new_tokens=NEW_TOKENS)
+    try:
+        engine.configure("full")
+        expected = engine.generate(PROMPT, greedy).token_ids
+        gpu = FakeGPU(monkeypatch, seconds_per_copy=2e-4)
+        monkeypatch.setattr(Engine, "_make_copier", lambda self: CudaCopier(self.device))
+        minimum = engine.geometry.minimum_slots / engine.geometry.total_experts
+        for policy, ratio in [("lru", minimum), ("gate", minimum), ("seqmoe", 0.5)]:
+            engine.configure(policy, cache_ratio=ratio)
+            result = engine.generate(PROMPT, greedy)
+            assert result.token_ids == expected, f"{family} {policy} at cache ratio {ratio:.2f}"
+            assert result.stats.misses > 0 and result.stats.h2d_bytes > 0
+        engine.resize(cache_ratio=minimum)  # waits for the copies still on the stream, then rebuilds the pool
+        assert engine.generate(PROMPT, greedy).token_ids == expected
+        assert gpu.side_streams  # the copies went over the fake GPU's copy streams
+    finally:
+        engine.close()
