@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, Mxfp4Config, PreTrainedModel
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
 from seqmoe import Engine, Sampling, load_model
+from seqmoe import experts as experts_impl
 from seqmoe.budget import kv_cache_bytes
 from seqmoe.events import LayerRouted
 
@@ -188,6 +189,33 @@ def test_decode_steps_run_the_kernel_transformers_switches_to_off_the_cpu(
             assert engine.generate(PROMPT, greedy).token_ids == expected
             assert set(calls) == seen_by_transformers, policy
             calls.clear()
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_on_the_cpu_a_small_models_decode_steps_run_on_one_thread(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, small: bool
+) -> None:
+    if not small:
+        monkeypatch.setattr(experts_impl, "SMALL_EXPERT_BYTES", 0)
+    threads = max(torch.get_num_threads(), 2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # as on a machine with cores to share
+    asked: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", asked.append)
+    engine = Engine(load_model(str(tiny_models["qwen3_moe"]), device="cpu"))
+    seen: list[tuple[bool, list[int]]] = []
+    engine.loaded.model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(
+        (kwargs["input_ids"].shape[1] > 1, list(asked))), with_kwargs=True)
+    try:
+        for policy, ratio in (("full", 1.0), ("lru", 0.5)):
+            engine.configure(policy, cache_ratio=ratio)
+            seen.clear(), asked.clear()
+            engine.generate(PROMPT, Sampling(max_new_tokens=4))
+            assert seen[0] == (True, [])  # prefill on every thread
+            assert all(not prefill for prefill, _ in seen[1:]) and len(seen) == 4
+            assert asked == ([1, threads] if small else []), policy  # one thread while decoding, then all again
+            assert all(during == ([1] if small else []) for _, during in seen[1:])
     finally:
         engine.close()
 

@@ -29,7 +29,7 @@ from torch.nn import functional as F
 from ..errors import SeqMoEError
 from ..user_files import replacing, writing
 from .reuse import ReuseHead
-from .threads import one_cpu_thread
+from ..threads import one_cpu_thread
 
 
 @dataclass

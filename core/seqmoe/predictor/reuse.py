@@ -53,7 +53,7 @@ from torch.nn import functional as F
 
 from ..trace import Traces, document_runs
 from ..usage import AGE_CAP, UsageHistory
-from .threads import one_cpu_thread
+from ..threads import one_cpu_thread
 
 REUSE_HORIZONS = (1, 2, 4, 8, 16)
 """Runs ahead at which the head forecasts use; the first must be 1 (see ``later_value``)."""
