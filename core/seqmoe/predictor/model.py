@@ -27,9 +27,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import SeqMoEError
+from ..threads import one_cpu_thread
 from ..user_files import replacing, writing
 from .reuse import ReuseHead
-from ..threads import one_cpu_thread
 
 
 @dataclass

@@ -51,9 +51,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..threads import one_cpu_thread
 from ..trace import Traces, document_runs
 from ..usage import AGE_CAP, UsageHistory
-from ..threads import one_cpu_thread
 
 REUSE_HORIZONS = (1, 2, 4, 8, 16)
 """Runs ahead at which the head forecasts use; the first must be 1 (see ``later_value``)."""
