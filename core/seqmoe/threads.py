@@ -10,7 +10,7 @@ import torch
 
 @contextmanager
 def one_cpu_thread(device: torch.device) -> Iterator[None]:
-    """On the CPU, run the block on one thread. A forecast, or a decode step of a model, is a
+    """On the CPU, run the block on one thread. A forecast, or a decode step of a small model, is a
     series of small operations: waking the intra-op thread pool for each one costs more than
     the work. Its threads sleep while idle (``OMP_WAIT_POLICY=PASSIVE``, which keeps them from
     taking the cores of the window and the copy thread), so each operation waits for them to
