@@ -210,7 +210,8 @@ def test_on_the_cpu_a_small_models_decode_steps_run_on_one_thread(
     try:
         for policy, ratio in (("full", 1.0), ("lru", 0.5)):
             engine.configure(policy, cache_ratio=ratio)
-            seen.clear(), asked.clear()
+            seen.clear()
+            asked.clear()
             engine.generate(PROMPT, Sampling(max_new_tokens=4))
             assert seen[0] == (True, [])  # prefill on every thread
             assert all(not prefill for prefill, _ in seen[1:]) and len(seen) == 4
