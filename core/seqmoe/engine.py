@@ -135,7 +135,9 @@ class Engine:
         self._copier: Copier | None = None
         self._resident_accesses: torch.Tensor | None = None
         loaded.model.set_experts_implementation(experts_impl.IMPLEMENTATION)
-        experts_impl.follow_decode_switch(loaded.model, loaded.experts, loaded.base_implementation)
+        experts_impl.follow_decode_switch(
+            loaded.model, loaded.experts, loaded.base_implementation, loaded.host.layout.bytes_per_expert
+        )
 
     @property
     def device(self) -> torch.device:

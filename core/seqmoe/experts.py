@@ -20,7 +20,6 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
 from .cache import ExpertCache
 from .events import ExpertsForecast
-from .store import ExpertLayout
 from .threads import one_cpu_thread
 
 IMPLEMENTATION = "seqmoe"
@@ -158,17 +157,17 @@ def _slot_lookup(experts: list[int], slots: list[int], like: torch.Tensor) -> to
     return lookup.to(like.device, non_blocking=True)
 
 
-def follow_decode_switch(model: nn.Module, experts: Sequence[nn.Module], name: str) -> None:
+def follow_decode_switch(model: nn.Module, experts: Sequence[nn.Module], name: str, expert_bytes: int) -> None:
     """Make ``model``'s ``generate`` switch the base implementation ``name`` of its experts for the
     decode steps as it switches an unoffloaded model's, so that each expert's rows still go through
     the kernel they go through there. transformers sees the ``seqmoe`` implementation, which it
     leaves alone, so its own switch is replaced on this model by one that follows the base.
 
     On the CPU, where transformers keeps the kernel, the decode steps of a model with small
-    experts (``SMALL_EXPERT_BYTES``) run on one thread; prefill keeps every thread. Every policy,
+    experts (``expert_bytes`` each, below ``SMALL_EXPERT_BYTES``) run on one thread; prefill keeps every thread. Every policy,
     ``full`` included, decodes so."""
     decode = DECODE_IMPLEMENTATIONS.get(name)
-    one_thread = ExpertLayout.of(experts[0]).bytes_per_expert < SMALL_EXPERT_BYTES
+    one_thread = expert_bytes < SMALL_EXPERT_BYTES
 
     @contextmanager
     def switched() -> Iterator[None]:
