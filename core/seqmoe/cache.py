@@ -104,6 +104,8 @@ class ExpertCache:
         the link can carry while the layers compute)."""
         self.stall_seconds = 0.0
         """Smoothed time a decode layer waits for copies."""
+        self.plan_seconds: float | None = None
+        """Smoothed host time of one ``plan``, the copies it queues included."""
         self._copies_this_layer = 0
         self._stalled_this_layer = 0.0
 
@@ -253,6 +255,12 @@ class ExpertCache:
     def plan(self, forecasts: Sequence[Forecast]) -> None:
         """Replace the queued prefetches by the JSD schedule of ``forecasts`` (a speculative
         policy's forecasts are all queued, in their order)."""
+        start = self.clock()
+        self._plan(forecasts)
+        seconds, known = self.clock() - start, self.plan_seconds
+        self.plan_seconds = seconds if known is None else known + LAYER_TIME_SMOOTHING * (seconds - known)
+
+    def _plan(self, forecasts: Sequence[Forecast]) -> None:
         self._cancel_queued()
         if self.policy.speculative:
             # Without an admission rule, the victims must at least not be the forecast experts
@@ -420,7 +428,7 @@ class ExpertCache:
                 self.layer_seconds += LAYER_TIME_SMOOTHING * (sample - self.layer_seconds)
                 self.link_load += LAYER_TIME_SMOOTHING * (load - self.link_load)
                 self.stall_seconds += LAYER_TIME_SMOOTHING * (self._stalled_this_layer - self.stall_seconds)
-            self.policy.observe_timing(self.layer_seconds, self.stall_seconds)
+            self.policy.observe_timing(self.layer_seconds, self.stall_seconds, self.plan_seconds or 0.0)
         self._last_decode_layer_at = now
         self._copies_this_layer = 0
         self._stalled_this_layer = 0.0

@@ -180,9 +180,9 @@ class Policy:
         ``routed``): a policy may note which experts of the layers up to ``layer`` the reply's
         first token will use, so that eviction keeps them while prefill streams the rest."""
 
-    def observe_timing(self, layer_seconds: float, stall_seconds: float) -> None:
-        """The cache's smoothed measure of a decode layer: its wall time, and the part of it spent
-        waiting for copies."""
+    def observe_timing(self, layer_seconds: float, stall_seconds: float, plan_seconds: float = 0.0) -> None:
+        """The cache's smoothed measures of a decode layer: its wall time, the part of it spent
+        waiting for copies, and the host time of one plan of copies (``ExpertCache.plan``)."""
 
     def distance(self, key: ExpertKey) -> float | None:
         """MoE layers until ``key`` is used again, as the policy ranks it (the farthest is evicted);
@@ -347,16 +347,21 @@ class BeladyPolicy(Policy):
 class SeqMoEPolicy(BeladyPolicy):
     """The trained predictor's forecast, JSD-scheduled prefetches, modified-Belady eviction.
 
-    The predictor's budget per decode layer is ``PREDICTOR_BUDGET`` of the layer's compute
-    plus the time the layer still waits for copies (the cache measures both and tells the
-    policy, ``observe_timing``). While the link is behind, host time spent forecasting is time
-    the layer would have waited anyway: the queued copies go on meanwhile. The wait is measured
-    with the predictor running, so a predictor dearer than the wait it would find settles at
-    about half of it. When one call costs more than the budget, it runs every ``stride``-th
-    MoE layer only (``stride`` at most its horizon), and the layers in between re-plan with
-    what is left of the last forecast. The stride is chosen from the measured cost of a call
-    and the measured times per layer, unless it is fixed. The reuse forecast, once a token,
-    may take half the budget: when it costs more, it runs every ``reuse_stride``-th token
+    The look-ahead's budget per decode layer is ``PREDICTOR_BUDGET`` of the layer's compute
+    plus the time the layer still waits for copies (the cache measures both, and the host time
+    of its plans, and tells the policy, ``observe_timing``). The look-ahead is the predictor's
+    call, the reuse forecast and the cache's plan of the copies. While the link is behind, host
+    time spent looking ahead is time the layer would have waited anyway: the queued copies go on
+    meanwhile. The wait is measured with the look-ahead running, so one dearer than the wait it
+    would find settles at about half of it. When a call and its plan cost more than the budget,
+    the predictor runs every ``stride``-th MoE layer only. The layers in between re-plan with
+    what is left of the last forecast when the budget has room for those plans too
+    (``replans_between``), and otherwise leave the copies planned as they are; a stride past the
+    forecast's horizon leaves the layers beyond it to the rates. On a link whose copies cost less
+    than planning them, a plan at every layer and a forecast at least once a token made decode
+    slower than loading on demand. The stride is chosen from the measured costs and the measured
+    times per layer, unless it is fixed (then every layer re-plans). The reuse forecast, once a
+    token, may take half the budget: when it costs more, it runs every ``reuse_stride``-th token
     (measured: every other token evicts as well as every token), and the forecast gets what it
     leaves.
     """
@@ -391,18 +396,19 @@ class SeqMoEPolicy(BeladyPolicy):
         self._tokens_since_reuse = 0
         self._layer_seconds: float | None = None
         self._stall_seconds = 0.0
+        self._plan_seconds = 0.0
         self._made = Forecasts.of([])
         self._made_at = -(10**9)
         self._targets: list[int] = []
         """The target layer of each horizon of the last call."""
 
-    def observe_timing(self, layer_seconds: float, stall_seconds: float) -> None:
-        self._layer_seconds, self._stall_seconds = layer_seconds, stall_seconds
+    def observe_timing(self, layer_seconds: float, stall_seconds: float, plan_seconds: float = 0.0) -> None:
+        self._layer_seconds, self._stall_seconds, self._plan_seconds = layer_seconds, stall_seconds, plan_seconds
 
     @property
     def budget(self) -> float | None:
-        """Seconds per decode layer the predictor and the reuse forecast may take together;
-        ``None`` until a decode layer was timed."""
+        """Seconds per decode layer the look-ahead (the predictor, the reuse forecast and the plans
+        of copies) may take; ``None`` until a decode layer was timed."""
         if not self._layer_seconds:
             return None
         stall = min(max(self._stall_seconds, 0.0), self._layer_seconds)
@@ -410,15 +416,26 @@ class SeqMoEPolicy(BeladyPolicy):
 
     @property
     def stride(self) -> int:
-        if self.fixed_stride is not None:
-            return self.fixed_stride
+        """MoE layers from one call of the predictor to the next (each call is planned)."""
+        return self._look_ahead_rule()[0]
+
+    @property
+    def replans_between(self) -> bool:
+        """Whether the layers between two calls re-plan with the rest of the last forecast."""
+        return self._look_ahead_rule()[1]
+
+    def _look_ahead_rule(self) -> tuple[int, bool]:
+        """``(stride, replans_between)``: the fewest layers between calls that the budget pays
+        for with a plan at each call, and re-plans between them if the budget has room for
+        them as well."""
         budget = self.budget
-        if self._call_seconds is None or budget is None:
-            return 1
-        horizon = max(len(self._targets), 1)
+        if self.fixed_stride is not None or self._call_seconds is None or budget is None:
+            return self.fixed_stride or 1, True
         reuse = (self._reuse_call_seconds or 0.0) / (self.reuse_stride * self.num_layers)
-        needed = math.ceil(self._call_seconds / (budget - reuse)) if budget > reuse else horizon
-        return max(1, min(needed, horizon))
+        call, plan, left = self._call_seconds, self._plan_seconds, max(budget - reuse, budget / 2)
+        stride = max(1, math.ceil((call + plan) / left))
+        spare = max(left - (call + plan) / stride, 0.0)
+        return stride, plan * (stride - 1) / stride <= spare
 
     @property
     def reuse_stride(self) -> int:
@@ -428,8 +445,12 @@ class SeqMoEPolicy(BeladyPolicy):
         return max(1, math.ceil(self._reuse_call_seconds / (budget * self.num_layers / 2)))
 
     def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
+        """The forecast to plan now: a new one every ``stride`` layers, the rest of the last one
+        in between, or nothing in between when the budget has no room for those plans (eviction
+        still ranks by the rest of the last one)."""
         elapsed = self._clock - self._made_at
-        if elapsed >= self.stride:
+        stride, replans_between = self._look_ahead_rule()
+        if elapsed >= stride:
             self._made = self._call(layer, hidden, routed)
             self._made_at, elapsed = self._clock, 0
         forecasts = self._made.later(elapsed)
@@ -438,7 +459,7 @@ class SeqMoEPolicy(BeladyPolicy):
             self._tokens_since_reuse += 1
             if self._tokens_since_reuse >= self.reuse_stride:
                 self._forecast_reuse(hidden)
-        return forecasts
+        return forecasts if elapsed == 0 or replans_between else Forecasts.of([])
 
     def look_past_prompt(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> None:
         # Prefill streams every layer's routed experts in turn and keeps evicting the layers it

@@ -316,6 +316,28 @@ def test_the_cache_tells_its_policy_how_long_decode_layers_take_and_wait_for_cop
     assert policy.budget == pytest.approx(0.05 * 1.0 + 4.0)
 
 
+def test_the_cache_tells_its_policy_what_a_plan_of_copies_costs_on_the_host() -> None:
+    clock = VirtualClock()
+    seen = []
+
+    class Timed(SeqMoEPolicy):
+        def eviction_order(self, candidates):
+            clock.now += 0.25  # ranking the victims is host time spent planning
+            return super().eviction_order(candidates)
+
+        def observe_timing(self, layer_seconds: float, stall_seconds: float, plan_seconds: float = 0.0) -> None:
+            seen.append(plan_seconds)
+            super().observe_timing(layer_seconds, stall_seconds, plan_seconds)
+
+    policy = Timed(lambda h, l, r: torch.zeros(1, EXPERTS), LAYERS, torch.full((LAYERS, EXPERTS), 0.3))
+    cache = virtual_cache(4, policy, clock, seconds_per_copy=0.01)
+    cache.release(cache.acquire(0, [0], prefill=False))
+    cache.plan([Forecast((1, 1), 0.9, 1)])
+    clock.now += 1.0
+    cache.release(cache.acquire(1, [1], prefill=False))
+    assert seen[-1] == pytest.approx(0.25)
+
+
 def test_planned_prefetch_turns_the_next_layer_into_a_hit() -> None:
     policy = belady()
     cache = make_cache(4, policy)
@@ -532,6 +554,63 @@ def test_a_predictor_dearer_than_its_share_runs_at_every_layer_while_the_layers_
             policy.forecast(step % LAYERS, torch.zeros(4), torch.tensor([0]))
         assert policy.stride == stride
         assert policy.calls - calls == 2 * LAYERS // stride
+
+
+@pytest.mark.parametrize(
+    ("call", "plan", "replans_between"),
+    [
+        # A layer of 10 without stalls: a budget of 0.5 a layer. A call and its plan, 0.25 + 0.75,
+        # every other layer (ceil(1 / 0.5)); a plan between would cost 0.75 more: it does not fit.
+        # A link whose copies cost less than planning them.
+        (0.25, 0.75, False),
+        # 0.75 + 0.1 every other layer; 0.425 + 0.05 with the plan between: it fits.
+        (0.75, 0.1, True),
+    ],
+)
+def test_the_layers_between_forecasts_re_plan_only_if_the_budget_has_room(call: float, plan: float, replans_between: bool) -> None:
+    clock = _Clock()
+
+    def predict(hidden: torch.Tensor, layer: int, routed: torch.Tensor) -> torch.Tensor:
+        clock.now += call
+        return torch.full((LAYERS, EXPERTS), 0.5)
+
+    policy = SeqMoEPolicy(predict, LAYERS, torch.full((LAYERS, EXPERTS), 0.3), clock=clock)
+    planned = []
+    for step in range(6 * LAYERS):
+        policy.observe_timing(10.0, 0.0, plan)
+        policy.observe(step % LAYERS, [0])
+        calls = policy.calls
+        forecasts = policy.forecast(step % LAYERS, torch.zeros(4), torch.tensor([0]))
+        planned.append((policy.calls > calls, len(forecasts) > 0))
+    assert (policy.stride, policy.replans_between) == (2, replans_between)
+    assert planned[-8:] == [(True, True), (False, replans_between)] * 4
+    # Eviction ranks by the rest of the last forecast either way: the next layer's experts at 0.5.
+    assert policy.probability(((step + 1) % LAYERS, 1)) == pytest.approx(0.5)
+
+
+def test_a_look_ahead_dearer_than_a_tokens_budget_forecasts_less_than_once_a_token() -> None:
+    clock = _Clock()
+
+    def predict(hidden: torch.Tensor, layer: int, routed: torch.Tensor) -> torch.Tensor:
+        clock.now += 2.0
+        return torch.full((2, EXPERTS), 0.9)
+
+    policy = SeqMoEPolicy(predict, LAYERS, torch.full((LAYERS, EXPERTS), 0.3), clock=clock)
+    calls, seen = [], []
+    for step in range(8 * LAYERS):
+        policy.observe_timing(10.0, 0.0, 1.0)  # a call and its plan, 3, against 0.5 a layer
+        policy.observe(step % LAYERS, [0])
+        made = policy.calls
+        policy.forecast(step % LAYERS, torch.zeros(4), torch.tensor([0]))
+        if policy.calls > made:
+            calls.append(step)
+        nearest = ((step + 1) % LAYERS, 1)
+        seen.append((step - calls[-1], policy.probability(nearest), policy.recent_rates()[nearest]))
+    assert policy.stride == 6 and calls[-3:] == [18, 24, 30]  # past the forecast's 2 layers
+    for elapsed, probability, rate in seen[18:]:
+        # The next layer is within the last forecast's two layers for one layer after a call;
+        # beyond them eviction has the rate.
+        assert probability == pytest.approx(0.9 if elapsed < 2 else rate)
 
 
 def _first_reply_predictor(expert: int, horizon: int = LAYERS):
