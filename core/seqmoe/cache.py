@@ -1,10 +1,11 @@
 """The expert cache: the slot pool, run by a policy, filled through a copy backend.
 
 ``acquire`` is the only way compute gets at an expert: it pins the slots a layer needs,
-loads the misses ahead of every queued prefetch and makes compute wait until each slot
-is ready. ``release`` unpins them when the layer is done. A pinned slot, or one whose
-copy is still on its way (needed by a layer in flight), is never chosen as a victim, so a
-layer never computes with weights that are being overwritten.
+loads the misses ahead of every queued prefetch, runs the caller's look-ahead while they
+are on their way, and makes compute wait until each slot is ready. ``release`` unpins them
+when the layer is done. A pinned slot, or one whose copy is still on its way (needed by a
+layer in flight), is never chosen as a victim, so a layer never computes with weights that
+are being overwritten.
 
 ``plan`` turns a policy's forecast into prefetches (JSD, see ``scheduler``) after every
 decode layer; ``stream`` loads the next layer's experts during prefill.
@@ -121,8 +122,12 @@ class ExpertCache:
     def misses(self) -> int:
         return sum(c.misses for c in self.phases.values())
 
-    def acquire(self, layer: int, experts: Sequence[int], prefill: bool) -> list[int]:
-        """Pin a ready slot for each of ``experts`` of MoE layer ``layer``."""
+    def acquire(
+        self, layer: int, experts: Sequence[int], prefill: bool, meanwhile: Callable[[], object] | None = None
+    ) -> list[int]:
+        """Pin a ready slot for each of ``experts`` of MoE layer ``layer``. ``meanwhile`` runs once
+        the copies of the missing experts are on their way, before the layer waits for them: host
+        work done there (the look-ahead) overlaps the wait instead of adding to it."""
         phase = "prefill" if prefill else "decode"
         if not prefill:
             self._time_layer()
@@ -149,14 +154,23 @@ class ExpertCache:
         counters = self.phases[phase]
         counters.hits += len(experts) - len(missed)
         counters.misses += len(missed)
+        if self.events.active:  # before ``meanwhile``: a listener hears of a routing before the forecasts made from it
+            self.events.emit(LayerRouted(layer, tuple(experts), tuple(missed), prefill))
+        began = self.clock()
+        if meanwhile is not None:
+            meanwhile()
+        overlapped = self.clock() - began
         for slot in slots:
             job = self.pool.job[slot]
             if job is not None:
                 self.copier.wait(job, phase)
         stalls = self.copier.take_stalls()
-        self._stalled_this_layer += sum(stall.seconds for stall in stalls if stall.phase == "decode")
+        stalled = sum(stall.seconds for stall in stalls if stall.phase == "decode")
+        # A layer that still waited after ``meanwhile`` waited for the link all along: the host
+        # work only filled the wait, and the link, not the host, set the layer's time.
+        self._stalled_this_layer += stalled + overlapped if stalled > 0 else 0.0
         if self.events.active:
-            self._report(layer, experts, missed, prefill, stalls)
+            self._report(layer, stalls)
         return slots
 
     def _pin_resident(self, key: ExpertKey) -> int | None:
@@ -174,11 +188,8 @@ class ExpertCache:
         self.pool.pins[slot] += 1
         return slot
 
-    def _report(
-        self, layer: int, experts: Sequence[int], missed: list[int], prefill: bool, stalls: list[MeasuredStall]
-    ) -> None:
+    def _report(self, layer: int, stalls: list[MeasuredStall]) -> None:
         emit = self.events.emit
-        emit(LayerRouted(layer, tuple(experts), tuple(missed), prefill))
         for stall in stalls:
             emit(Stall(stall.key, stall.seconds, "miss" if stall.urgent else "late prefetch", stall.phase == "prefill"))
         now = self.clock()

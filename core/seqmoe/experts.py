@@ -77,7 +77,10 @@ class OffloadedLayer:
 
     Between routing and computing, the policy's forecast for the next layers is turned
     into prefetches (decode) or the next layer's experts are streamed in (prefill), so the
-    copies overlap this layer's compute.
+    copies overlap this layer's compute. This look-ahead runs once the layer's own misses are
+    on their way and before the layer waits for them: on the CPU's emulated link that wait
+    blocks the host, and on CUDA the predictor's kernels then run ahead of the compute
+    stream's wait for the copies instead of behind it.
     """
 
     def __init__(self, layer: int, num_layers: int, cache: ExpertCache, base: ExpertsFn) -> None:
@@ -105,9 +108,8 @@ class OffloadedLayer:
         needed = torch.unique(index).tolist()
         prefill = hidden.shape[0] > 1
         if len(needed) <= self.cache.size:
-            slots = self.cache.acquire(self.layer, needed, prefill)
+            slots = self.cache.acquire(self.layer, needed, prefill, lambda: self._look_ahead(hidden, index, prefill))
             try:
-                self._look_ahead(hidden, index, prefill)
                 tensors, first = self.cache.pool.span(slots)
                 lookup = _slot_lookup(needed, [slot - first for slot in slots], index)
                 return self.base(SlotView(module, tensors), hidden, lookup[index], weights)

@@ -283,20 +283,24 @@ def simulate(
         previous = step
         decode = step.token is not None
         began, copied = clock.now, copier.bytes_copied
-        held = cache.acquire(step.layer, step.experts, prefill=not decode)
+
+        def look_ahead() -> None:  # as the engine does, once the layer's misses are on their way
+            if decode:
+                forecasts = policy.forecast(step.layer, traces.hidden[step.token, step.layer].float(), torch.tensor(step.experts))
+                if forecasts:
+                    cache.plan(forecasts)
+            elif step.whole:
+                policy.look_past_prompt(step.layer, traces.hidden[step.last_token, step.layer].float(), traces.experts[step.last_token, step.layer])
+                if policy.streams_prefill and step.layer + 1 < layers:
+                    cache.stream(step.layer + 1, policy.stream_order(step.layer + 1))
+
+        held = cache.acquire(step.layer, step.experts, prefill=not decode, meanwhile=look_ahead)
         if decode:
-            forecasts = policy.forecast(step.layer, traces.hidden[step.token, step.layer].float(), torch.tensor(step.experts))
-            if forecasts:
-                cache.plan(forecasts)
             clock.now += layer_seconds
             decode_seconds += clock.now - began
             decode_bytes += copier.bytes_copied - copied
             decode_layers += 1
         else:
-            if step.whole:
-                policy.look_past_prompt(step.layer, traces.hidden[step.last_token, step.layer].float(), traces.experts[step.last_token, step.layer])
-                if policy.streams_prefill and step.layer + 1 < layers:
-                    cache.stream(step.layer + 1, policy.stream_order(step.layer + 1))
             compute = (shape.attention_bytes + len(step.experts) * shape.expert_bytes) / hardware.memory_bytes_per_s
             clock.now += compute
             prefill_seconds += clock.now - began

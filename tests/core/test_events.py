@@ -92,6 +92,12 @@ def test_stream_accounts_for_every_access_copy_and_stall(engine: Engine, referen
     assert sum(1 for e in events if isinstance(e, ExpertEvicted) and e.unused) == stats.prefetch_unused
     stalls = [e for e in events if isinstance(e, Stall)]
     assert stalls and {e.cause for e in stalls} <= {"miss", "late prefetch"}
+    routed = None
+    for event in events:  # a forecast is heard after the routing it was made from
+        if isinstance(event, LayerRouted):
+            routed = event.layer
+        elif isinstance(event, ExpertsForecast):
+            assert event.layer == routed
     assert sum(e.seconds for e in stalls) == pytest.approx(stats.stall_seconds, rel=1e-6)
 
 

@@ -316,6 +316,43 @@ def test_the_cache_tells_its_policy_how_long_decode_layers_take_and_wait_for_cop
     assert policy.budget == pytest.approx(0.05 * 1.0 + 4.0)
 
 
+def test_the_look_ahead_runs_while_the_layers_misses_are_on_their_way() -> None:
+    clock = VirtualClock()
+    cache = virtual_cache(4, belady(), clock, seconds_per_copy=4.0)
+    arrived = []
+
+    def look_ahead() -> None:
+        arrived.append(cache.copier.done(cache.pool.job[cache.pool.slot_of[(0, 0)]]))
+
+    cache.release(cache.acquire(0, [0], prefill=False, meanwhile=look_ahead))
+    assert arrived == [False]
+    assert clock.now == pytest.approx(4.0)  # and the layer waited for the copy after it
+
+
+@pytest.mark.parametrize(
+    ("look_ahead_seconds", "budget"),
+    [
+        # A miss of 4 s; looking ahead for 1 s leaves 3 s of wait: the layer waited 4 s for the
+        # link, 1 s of compute: 5% of 1 s, and the 4 s.
+        (1.0, 0.05 * 1.0 + 4.0),
+        # Looking ahead for 5 s outlasts the copy: no wait, 6 s of host time and compute.
+        (5.0, 0.05 * 6.0),
+    ],
+)
+def test_a_look_ahead_that_fills_a_wait_counts_as_waiting_for_the_link(look_ahead_seconds: float, budget: float) -> None:
+    clock = VirtualClock()
+    policy = SeqMoEPolicy(lambda h, l, r: torch.zeros(1, EXPERTS), LAYERS, torch.full((LAYERS, EXPERTS), 0.3))
+    cache = virtual_cache(4, policy, clock, seconds_per_copy=4.0)
+
+    def look_ahead() -> None:
+        clock.now += look_ahead_seconds
+
+    cache.release(cache.acquire(0, [0], prefill=False, meanwhile=look_ahead))
+    clock.now += 1.0
+    cache.release(cache.acquire(1, [0], prefill=False))
+    assert policy.budget == pytest.approx(budget)
+
+
 def test_the_cache_tells_its_policy_what_a_plan_of_copies_costs_on_the_host() -> None:
     clock = VirtualClock()
     seen = []
