@@ -145,25 +145,31 @@ class ExpertCache:
         # evicts one of its own experts to load another.
         found = [self._pin_resident((layer, expert)) for expert in experts]
         missed = [expert for expert, slot in zip(experts, found) if slot is None]
-        slots = []
-        for expert, slot in zip(experts, found):
-            if slot is None:
-                slot = self._load((layer, expert), phase, urgent=True)
-                self.pool.pins[slot] += 1
-            slots.append(slot)
-        counters = self.phases[phase]
-        counters.hits += len(experts) - len(missed)
-        counters.misses += len(missed)
-        if self.events.active:  # before ``meanwhile``: a listener hears of a routing before the forecasts made from it
-            self.events.emit(LayerRouted(layer, tuple(experts), tuple(missed), prefill))
-        began = self.clock()
-        if meanwhile is not None:
-            meanwhile()
-        overlapped = self.clock() - began
-        for slot in slots:
-            job = self.pool.job[slot]
-            if job is not None:
-                self.copier.wait(job, phase)
+        pinned = [slot for slot in found if slot is not None]
+        try:
+            slots = []
+            for expert, slot in zip(experts, found):
+                if slot is None:
+                    slot = self._load((layer, expert), phase, urgent=True)
+                    self.pool.pins[slot] += 1
+                    pinned.append(slot)
+                slots.append(slot)
+            counters = self.phases[phase]
+            counters.hits += len(experts) - len(missed)
+            counters.misses += len(missed)
+            if self.events.active:  # before ``meanwhile``: a listener hears of a routing before the forecasts made from it
+                self.events.emit(LayerRouted(layer, tuple(experts), tuple(missed), prefill))
+            began = self.clock()
+            if meanwhile is not None:
+                meanwhile()
+            overlapped = self.clock() - began
+            for slot in slots:
+                job = self.pool.job[slot]
+                if job is not None:
+                    self.copier.wait(job, phase)
+        except BaseException:
+            self._abandon(pinned, phase)
+            raise
         stalls = self.copier.take_stalls()
         stalled = sum(stall.seconds for stall in stalls if stall.phase == "decode")
         # A layer that still waited after ``meanwhile`` waited for the link all along: the host
@@ -225,6 +231,19 @@ class ExpertCache:
         for slot in slots:
             self.pool.pins[slot] -= 1
             self.copier.release(slot)
+
+    def _abandon(self, slots: Sequence[int], phase: str) -> None:
+        """Unpin the slots of an ``acquire`` that failed (in its look-ahead, its copies, or for
+        want of unpinned slots): left pinned, they could never be evicted again. Each copy into
+        them lands first: a miss's slot is no queued prefetch, so unpinned while its copy is on
+        its way it could become a victim, and that copy would overwrite the next one's."""
+        try:
+            for slot in slots:
+                job = self.pool.job[slot]
+                if job is not None:
+                    self.copier.wait(job, phase)
+        finally:
+            self.release(slots)
 
     def resize(self, size: int) -> None:
         """Grow or shrink the pool between two generations, keeping the most recently used experts.

@@ -103,6 +103,22 @@ def test_experts_of_the_running_layer_are_never_evicted(cache: ExpertCache) -> N
     cache.release(running)
 
 
+def test_a_failed_look_ahead_leaves_no_slot_pinned(cache: ExpertCache) -> None:
+    """Else every failed layer would shrink the cache for good, until no layer could load."""
+
+    def fail() -> None:
+        raise RuntimeError("predictor failed")
+
+    cache.release(cache.acquire(0, [0], prefill=False))
+    for _ in range(cache.size + 1):
+        with pytest.raises(RuntimeError, match="predictor failed"):
+            cache.acquire(1, [0, 1], prefill=False, meanwhile=fail)
+    assert not any(cache.pool.pins)
+    slots = cache.acquire(2, [0, 1, 2], prefill=False)
+    assert [cache.pool.tensors["gate_up_proj"][s][0, 0].item() for s in slots] == [200.0, 201.0, 202.0]
+    cache.release(slots)
+
+
 def test_routed_events_report_misses(cache: ExpertCache) -> None:
     seen = []
     cache.events.subscribe(seen.append)
