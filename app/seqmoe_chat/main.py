@@ -14,7 +14,7 @@ from . import cli
 def main(argv: Sequence[str] | None = None) -> int:
     _attach_console()
     # Before the engine loads PyTorch: OpenMP threads that spin while idle take the cores from
-    # the window's thread and the engine's copy thread; sleeping ones made the first token
+    # the window's thread (and, then, the engine's copy thread); sleeping ones made the first token
     # 10-20x sooner and decoding 3-4x faster on a busy 2-core machine.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     args = cli.parse(argv)

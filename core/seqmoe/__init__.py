@@ -7,8 +7,8 @@ does. Errors meant for people derive from ``SeqMoEError``.
 
 import os
 
-# The engine runs a copy thread beside compute; OpenMP workers that spin while idle would
-# starve it (and a GUI thread) on small machines. Only effective before torch is imported.
+# OpenMP workers that spin while idle would starve the threads beside compute (a GUI's) on
+# small machines. Only effective before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import importlib

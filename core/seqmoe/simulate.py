@@ -11,7 +11,6 @@ model shape.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -25,7 +24,7 @@ from .predictor.model import ExpertPredictor
 from .routers import RouterLogits
 from .store import ExpertLayout
 from .trace import Traces, document_runs
-from .transfer import CopyJob, ExpertKey, JobState, MeasuredStall, StallLog, copy_pairs, take_queued
+from .transfer import CopyJob, ExpertKey, ModelledLane
 
 
 @dataclass(frozen=True)
@@ -87,87 +86,29 @@ class VirtualClock:
         return self.now
 
 
-class SimulatedCopier:
+class SimulatedCopier(ModelledLane):
     """One copy lane on the virtual clock; the same contract as the real copiers (the bytes
     move when a copy ends, so a slot holds its expert once it is ready)."""
 
     link = "simulated"
 
     def __init__(self, clock: VirtualClock, seconds_per_copy: float, expert_bytes: int) -> None:
-        self.clock = clock
+        super().__init__(clock)
+        self.clock: VirtualClock = clock
         self.copy_seconds = seconds_per_copy
         self.expert_bytes = expert_bytes
-        self.bytes_copied = 0
-        self._queue: deque[tuple[CopyJob, float]] = deque()
-        """Copies waiting for the lane, each with its submission time."""
-        self._running: dict[CopyJob, float] = {}
-        """Copies on the lane or done but not yet noticed, each with its finish time."""
-        self._free_at = 0.0
-        self._stalls = StallLog()
-
-    def submit(self, job: CopyJob, urgent: bool = False) -> None:
-        self._settle()
-        job.urgent = urgent
-        if urgent:
-            self._queue.appendleft((job, self.clock.now))
-        else:
-            self._queue.append((job, self.clock.now))
-        self._settle()
-
-    def cancel(self, job: CopyJob) -> bool:
-        self._settle()
-        if take_queued(self._queue, job) is not None:
-            job.state = JobState.CANCELLED
-            return True
-        return False
-
-    def wait(self, job: CopyJob, phase: str = "decode") -> None:
-        self._settle()
-        if job.state is JobState.QUEUED and take_queued(self._queue, job) is not None:
-            self._start(job, self.clock.now)
-        finish = self._running.get(job, self.clock.now)
-        if finish > self.clock.now:
-            self._stalls.add(job, finish - self.clock.now, phase)
-            self.clock.now = finish
-        self._settle()
-
-    def release(self, slot: int) -> None:
-        """Nothing to order on a virtual clock."""
-
-    def done(self, job: CopyJob) -> bool:
-        self._settle()
-        return job.state is JobState.DONE
-
-    def take_stalls(self) -> list[MeasuredStall]:
-        return self._stalls.take()
-
-    def stall_seconds(self, phase: str | None = None) -> float:
-        return self._stalls.seconds(phase)
 
     def seconds_per_copy(self, nbytes: int) -> float:
         return self.copy_seconds
 
-    def close(self) -> None:
-        """Nothing runs in the background."""
+    def _lane_seconds(self, job: CopyJob) -> float:
+        return self.copy_seconds
 
-    def _start(self, job: CopyJob, at: float) -> None:
-        start = max(self._free_at, at)
-        self._free_at = start + self.copy_seconds
-        self._running[job] = self._free_at
-        job.state = JobState.COPYING
-        self.bytes_copied += self.expert_bytes
+    def _lane_bytes(self, job: CopyJob) -> int:
+        return self.expert_bytes
 
-    def _settle(self) -> None:
-        """Start what the lane has started by now and finish what it has finished. The clock moves
-        in steps (a layer, a stall), so a copy queued behind another starts when the lane came free
-        or when it was submitted, whichever is later, not at the step that notices it."""
-        while self._queue and self._free_at <= self.clock.now:
-            self._start(*self._queue.popleft())
-        for job in [j for j, finish in self._running.items() if finish <= self.clock.now]:
-            del self._running[job]
-            copy_pairs(job, torch.Tensor.copy_)
-            job.state = JobState.DONE
-            job.ready.set()
+    def _pass_until(self, when: float) -> None:
+        self.clock.now = when
 
 
 class _NoWeights:

@@ -17,15 +17,13 @@ they drive:
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-import numpy
 import torch
 
 ExpertKey = tuple[int, int]
@@ -57,7 +55,6 @@ class CopyJob:
     """Submitted as a miss (compute already waits for it), not as a prefetch."""
     phase: str = "decode"
     """The phase that asked for the copy (``prefill`` or ``decode``), for its bytes' account."""
-    ready: threading.Event = field(default_factory=threading.Event)
     cuda_event: object | None = None
     timing: tuple[object, object] | None = None
 
@@ -130,66 +127,70 @@ class LinkSpeed:
         return nbytes * self.seconds_per_byte
 
 
-class EmulatedCopier:
-    """A PCIe link emulated by a background thread.
+class ModelledLane:
+    """One copy lane whose timing is a model: the emulated link's and the simulator's.
 
-    The link is modelled as a single lane: a copy occupies it for
-    ``latency + nbytes / bandwidth`` seconds, starting when both the link is free and the
-    copy was submitted. Readiness is signalled at the modelled finish time (or when the
-    real memcpy ends, if that is later), so thread wake-up jitter does not change the
-    throughput the link delivers over a backlog.
+    A copy occupies the lane for ``_lane_seconds(job)``, starting when both the lane is free
+    and the copy was submitted; urgent copies go first, and a copy that compute waits for
+    jumps the queue. The lane moves on lazily, whenever it is asked anything, from the times
+    it recorded: a copy whose start has passed can no longer be cancelled, one whose finish
+    has passed is done, and its bytes move then, so a slot holds its expert once its copy is
+    done. A subclass gives the clock and how compute waits until a time.
     """
 
-    link = "emulated"
-
-    def __init__(self, gbytes_per_s: float = 25.0, latency_s: float = 10e-6) -> None:
-        if gbytes_per_s <= 0:
-            raise ValueError("link speed must be positive")
-        self.bytes_per_s = gbytes_per_s * 1e9
-        self.latency_s = latency_s
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
         self.bytes_copied = 0
-        self.speed = LinkSpeed(self.bytes_per_s)
-        self._stalls = StallLog()
         self._queue: deque[tuple[CopyJob, float]] = deque()
-        self._cond = threading.Condition()
-        self._closed = False
-        self._link_free_at = 0.0
-        self._thread = threading.Thread(target=self._run, name="seqmoe-emulated-link", daemon=True)
-        self._thread.start()
+        """Copies waiting for the lane, each with its submission time."""
+        self._running: dict[CopyJob, float] = {}
+        """Copies on the lane or done but not yet noticed, each with its finish time."""
+        self._free_at = 0.0
+        self._stalls = StallLog()
+
+    def _lane_seconds(self, job: CopyJob) -> float:
+        raise NotImplementedError
+
+    def _lane_bytes(self, job: CopyJob) -> int:
+        raise NotImplementedError
+
+    def _pass_until(self, when: float) -> None:
+        """Let compute wait until the clock reads ``when``."""
+        raise NotImplementedError
 
     def submit(self, job: CopyJob, urgent: bool = False) -> None:
+        self._settle()
         job.urgent = urgent
-        with self._cond:
-            entry = (job, time.perf_counter())
-            if urgent:
-                self._queue.appendleft(entry)
-            else:
-                self._queue.append(entry)
-            self._cond.notify()
+        if urgent:
+            self._queue.appendleft((job, self.clock()))
+        else:
+            self._queue.append((job, self.clock()))
+        self._settle()
 
     def cancel(self, job: CopyJob) -> bool:
-        with self._cond:
-            if take_queued(self._queue, job) is None:
-                return False
+        self._settle()
+        if take_queued(self._queue, job) is not None:
             job.state = JobState.CANCELLED
             return True
+        return False
 
     def wait(self, job: CopyJob, phase: str = "decode") -> None:
-        if job.ready.is_set():
-            return
-        with self._cond:
-            entry = take_queued(self._queue, job)
-            if entry is not None:
-                self._queue.appendleft(entry)
-        start = time.perf_counter()
-        job.ready.wait()
-        self._stalls.add(job, time.perf_counter() - start, phase)
+        self._settle()
+        if job.state is JobState.QUEUED and take_queued(self._queue, job) is not None:
+            self._start(job, self.clock())
+        finish, now = self._running.get(job), self.clock()
+        if finish is not None and finish > now:
+            self._pass_until(finish)
+            self._stalls.add(job, self.clock() - now, phase)
+        self._settle()
 
     def release(self, slot: int) -> None:
-        """CPU compute is synchronous: once the layer returned, the slot is free to overwrite."""
+        """Compute on the CPU, real or simulated, is synchronous: once the layer returned, the slot
+        is free to overwrite."""
 
     def done(self, job: CopyJob) -> bool:
-        return job.ready.is_set()
+        self._settle()
+        return job.state is JobState.DONE
 
     def take_stalls(self) -> list[MeasuredStall]:
         return self._stalls.take()
@@ -197,39 +198,73 @@ class EmulatedCopier:
     def stall_seconds(self, phase: str | None = None) -> float:
         return self._stalls.seconds(phase)
 
-    def seconds_per_copy(self, nbytes: int) -> float:
-        return self.speed.seconds_for(nbytes)
-
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        self._thread.join(timeout=5)
+        """Nothing runs in the background."""
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                job, submitted_at = self._queue.popleft()
-                job.state = JobState.COPYING
-                # Counted when the copy starts, as on CUDA: a started copy is never taken back.
-                self.bytes_copied += job.nbytes
-            start = max(submitted_at, self._link_free_at)
-            began = time.perf_counter()
-            copy_pairs(job, _memcpy)
-            # A memcpy slower than the modelled link makes the link that slow; a late
-            # wake-up of this thread does not.
-            busy = max(self.latency_s + job.nbytes / self.bytes_per_s, time.perf_counter() - began)
-            self._link_free_at = start + busy
-            self.speed.observe(job.nbytes, busy)
-            delay = self._link_free_at - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
+    def _start(self, job: CopyJob, at: float) -> None:
+        start = max(self._free_at, at)
+        self._free_at = start + self._lane_seconds(job)
+        self._running[job] = self._free_at
+        job.state = JobState.COPYING
+        # Counted when the copy starts, as on CUDA: a started copy is never taken back.
+        self.bytes_copied += self._lane_bytes(job)
+
+    def _settle(self) -> None:
+        """Start what the lane has started by now and finish what it has finished. The lane is
+        looked at in steps (a layer, a stall), so a copy queued behind another starts when the
+        lane came free or when it was submitted, whichever is later, not at the step that
+        notices it."""
+        while self._queue and self._free_at <= self.clock():
+            self._start(*self._queue.popleft())
+        now = self.clock()
+        for job in [j for j, finish in self._running.items() if finish <= now]:
+            del self._running[job]
+            copy_pairs(job, torch.Tensor.copy_)
             job.state = JobState.DONE
-            job.ready.set()
+
+
+SPIN_SECONDS = 2e-4
+"""The last stretch of a wait on the emulated link is spun, not slept: a sleeping thread wakes up
+to about 0.1 ms late (Linux's timer slack and the scheduler)."""
+
+
+class EmulatedCopier(ModelledLane):
+    """A PCIe link emulated on the real clock: one lane, a copy taking ``latency + nbytes /
+    bandwidth``, as a DMA engine moves bytes while compute runs.
+
+    No thread moves the bytes: the lane is a model on the real clock, and the copy is made on
+    the compute thread when the model says it is done (compute waits until then, as a CUDA
+    stream waits on a copy's event). A copy thread cost every miss far more than its copy: the
+    thread had to wake and take the interpreter lock to start the copy and again to signal it,
+    which on the app's 25 GB/s link took 160-740 µs for a demo expert's copy of 14 µs. The
+    memcpy itself (about 10 µs for a demo expert) is the compute thread's; for experts of
+    megabytes it costs compute more than a DMA engine would.
+    """
+
+    link = "emulated"
+
+    def __init__(self, gbytes_per_s: float = 25.0, latency_s: float = 10e-6) -> None:
+        if gbytes_per_s <= 0:
+            raise ValueError("link speed must be positive")
+        super().__init__(time.perf_counter)
+        self.bytes_per_s = gbytes_per_s * 1e9
+        self.latency_s = latency_s
+
+    def seconds_per_copy(self, nbytes: int) -> float:
+        return self.latency_s + nbytes / self.bytes_per_s
+
+    def _lane_seconds(self, job: CopyJob) -> float:
+        return self.seconds_per_copy(job.nbytes)
+
+    def _lane_bytes(self, job: CopyJob) -> int:
+        return job.nbytes
+
+    def _pass_until(self, when: float) -> None:
+        left = when - time.perf_counter()
+        if left > SPIN_SECONDS:
+            time.sleep(left - SPIN_SECONDS)
+        while time.perf_counter() < when:
+            pass
 
 
 def take_queued(queue: deque[tuple[CopyJob, float]], job: CopyJob) -> tuple[CopyJob, float] | None:
@@ -247,15 +282,6 @@ def copy_pairs(job: CopyJob, copy: Callable[[torch.Tensor, torch.Tensor], object
     for destination, source in job.pairs:
         copy(destination, source)
     job.pairs = []
-
-
-def _memcpy(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """A single-threaded copy between contiguous CPU tensors.
-
-    ``Tensor.copy_`` would split the copy over the OpenMP pool that the compute thread
-    uses, so the emulated link would steal cores from compute (a DMA engine does not).
-    """
-    numpy.copyto(dst.view(torch.uint8).numpy(), src.view(torch.uint8).numpy())
 
 
 class CudaCopier:
