@@ -458,7 +458,7 @@ class ExpertCache:
                 self.layer_seconds += LAYER_TIME_SMOOTHING * (sample - self.layer_seconds)
                 self.link_load += LAYER_TIME_SMOOTHING * (load - self.link_load)
                 self.stall_seconds += LAYER_TIME_SMOOTHING * (self._stalled_this_layer - self.stall_seconds)
-            self.policy.observe_timing(self.layer_seconds, self.stall_seconds, self.plan_seconds or 0.0)
+            self.policy.observe_timing(self.layer_seconds, self.stall_seconds, self.plan_seconds or 0.0, self.link_load)
         self._last_decode_layer_at = now
         self._copies_this_layer = 0
         self._stalled_this_layer = 0.0

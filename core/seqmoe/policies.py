@@ -83,6 +83,9 @@ reach and is paid in the bench."""
 PREDICTOR_BUDGET = 0.05
 """The largest share of a decode layer's compute the predictor may take, beyond the time the
 layer waits for the link anyway (see ``SeqMoEPolicy``)."""
+SMALLEST_BUDGET = 1e-9
+"""A layer that neither waits nor copies leaves the look-ahead nothing to win: its budget is this
+(seconds), and a call or plan then waits until copies are asked for again."""
 DISCOUNT_TOKENS = 2.0
 """Eviction's memory: a use one token later is worth ``exp(-1 / DISCOUNT_TOKENS)`` of a use now
 (see the module docstring). Simulated on the held-out chat at cache ratios 0.3, 0.45 and 0.6, 2
@@ -180,9 +183,12 @@ class Policy:
         ``routed``): a policy may note which experts of the layers up to ``layer`` the reply's
         first token will use, so that eviction keeps them while prefill streams the rest."""
 
-    def observe_timing(self, layer_seconds: float, stall_seconds: float, plan_seconds: float = 0.0) -> None:
+    def observe_timing(
+        self, layer_seconds: float, stall_seconds: float, plan_seconds: float = 0.0, link_load: float = math.inf
+    ) -> None:
         """The cache's smoothed measures of a decode layer: its wall time, the part of it spent
-        waiting for copies, and the host time of one plan of copies (``ExpertCache.plan``)."""
+        waiting for copies, the host time of one plan of copies (``ExpertCache.plan``), and the
+        link's load (copy time asked for per second of compute, ``ExpertCache.link_load``)."""
 
     def distance(self, key: ExpertKey) -> float | None:
         """MoE layers until ``key`` is used again, as the policy ranks it (the farthest is evicted);
@@ -347,7 +353,8 @@ class BeladyPolicy(Policy):
 class SeqMoEPolicy(BeladyPolicy):
     """The trained predictor's forecast, JSD-scheduled prefetches, modified-Belady eviction.
 
-    The look-ahead's budget per decode layer is ``PREDICTOR_BUDGET`` of the layer's compute
+    The look-ahead's budget per decode layer is ``PREDICTOR_BUDGET`` of the layer's compute (or
+    less: at most the link time the layer asks for, all that looking ahead can save)
     plus the time the layer still waits for copies (the cache measures both, and the host time
     of its plans, and tells the policy, ``observe_timing``). The look-ahead is the predictor's
     call, the reuse forecast and the cache's plan of the copies. While the link is behind, host
@@ -397,22 +404,28 @@ class SeqMoEPolicy(BeladyPolicy):
         self._layer_seconds: float | None = None
         self._stall_seconds = 0.0
         self._plan_seconds = 0.0
+        self._link_load = math.inf
         self._made = Forecasts.of([])
         self._made_at = -(10**9)
         self._targets: list[int] = []
         """The target layer of each horizon of the last call."""
 
-    def observe_timing(self, layer_seconds: float, stall_seconds: float, plan_seconds: float = 0.0) -> None:
+    def observe_timing(
+        self, layer_seconds: float, stall_seconds: float, plan_seconds: float = 0.0, link_load: float = math.inf
+    ) -> None:
         self._layer_seconds, self._stall_seconds, self._plan_seconds = layer_seconds, stall_seconds, plan_seconds
+        self._link_load = link_load
 
     @property
     def budget(self) -> float | None:
         """Seconds per decode layer the look-ahead (the predictor, the reuse forecast and the plans
-        of copies) may take; ``None`` until a decode layer was timed."""
+        of copies) may take; ``None`` until a decode layer was timed. Beyond the wait for the link,
+        never more than the link time the layer asks for: looking ahead saves at most that."""
         if not self._layer_seconds:
             return None
         stall = min(max(self._stall_seconds, 0.0), self._layer_seconds)
-        return PREDICTOR_BUDGET * (self._layer_seconds - stall) + stall
+        share = min(PREDICTOR_BUDGET, max(self._link_load, 0.0))
+        return max(share * (self._layer_seconds - stall) + stall, SMALLEST_BUDGET)
 
     @property
     def stride(self) -> int:

@@ -362,9 +362,11 @@ def test_the_cache_tells_its_policy_what_a_plan_of_copies_costs_on_the_host() ->
             clock.now += 0.25  # ranking the victims is host time spent planning
             return super().eviction_order(candidates)
 
-        def observe_timing(self, layer_seconds: float, stall_seconds: float, plan_seconds: float = 0.0) -> None:
+        def observe_timing(
+            self, layer_seconds: float, stall_seconds: float, plan_seconds: float = 0.0, link_load: float = math.inf
+        ) -> None:
             seen.append(plan_seconds)
-            super().observe_timing(layer_seconds, stall_seconds, plan_seconds)
+            super().observe_timing(layer_seconds, stall_seconds, plan_seconds, link_load)
 
     policy = Timed(lambda h, l, r: torch.zeros(1, EXPERTS), LAYERS, torch.full((LAYERS, EXPERTS), 0.3))
     cache = virtual_cache(4, policy, clock, seconds_per_copy=0.01)
@@ -591,6 +593,30 @@ def test_a_predictor_dearer_than_its_share_runs_at_every_layer_while_the_layers_
             policy.forecast(step % LAYERS, torch.zeros(4), torch.tensor([0]))
         assert policy.stride == stride
         assert policy.calls - calls == 2 * LAYERS // stride
+
+
+def test_the_look_ahead_spends_no_more_than_the_link_time_it_could_save() -> None:
+    """On a link whose copies cost a layer less than the look-ahead would, looking ahead cannot pay
+    for itself: the budget beyond the wait is the link time the layer asks for, if that is less."""
+    clock = _Clock()
+
+    def predict(hidden: torch.Tensor, layer: int, routed: torch.Tensor) -> torch.Tensor:
+        clock.now += 0.125  # within 0.05 of a layer of 10: every layer, on a busy link
+        return torch.full((3, EXPERTS), 0.5)
+
+    policy = SeqMoEPolicy(predict, LAYERS, torch.full((LAYERS, EXPERTS), 0.3), clock=clock)
+    for load, stride in ((1.0, 1), (1 / 320, 4), (0.0, 125_000_000)):  # budget min(0.05, load) * 10: 0.5, 1/32, ~0
+        for step in range(4 * LAYERS):
+            policy.observe_timing(10.0, 0.0, 0.0, load)
+            policy.observe(step % LAYERS, [0])
+            policy.forecast(step % LAYERS, torch.zeros(4), torch.tensor([0]))
+        assert policy.stride == stride
+    calls = policy.calls
+    for step in range(4 * LAYERS):  # the link is asked for copies again
+        policy.observe_timing(10.0, 0.0, 0.0, 1.0)
+        policy.observe(step % LAYERS, [0])
+        policy.forecast(step % LAYERS, torch.zeros(4), torch.tensor([0]))
+    assert policy.calls - calls == 4 * LAYERS
 
 
 @pytest.mark.parametrize(
