@@ -8,7 +8,6 @@ thread the first time a model loads, which keeps the window's start instant.
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -287,9 +286,10 @@ class EngineWorker(QObject):
                 for listener in self._listeners:
                     engine.events.unsubscribe(listener)
         if engine is not None:
+            # A closed engine leaves no reference cycle through its model, so its memory comes back
+            # when ``engine`` goes, below. No gc.collect() here: on this thread it may finalise
+            # the GUI's Qt objects and deadlock with the GUI thread.
             engine.close()
-            # The model holds large tensors in reference cycles (modules and hooks).
-            gc.collect()
 
 
 def _is_engine_error(error: BaseException) -> bool:

@@ -11,6 +11,7 @@ through the same kernel as in the unoffloaded model.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 
@@ -170,11 +171,15 @@ def follow_decode_switch(model: nn.Module, experts: Sequence[nn.Module], name: s
     ``full`` included, decodes so."""
     decode = DECODE_IMPLEMENTATIONS.get(name)
     one_thread = expert_bytes < SMALL_EXPERT_BYTES
+    # The model holds the switch: a strong reference back would make the model a cycle that only
+    # the garbage collector frees, so a closed engine's weights would outlive it.
+    model_ref = weakref.ref(model)
 
     @contextmanager
     def switched() -> Iterator[None]:
-        if model.device.type == "cpu":  # transformers' own condition for keeping the kernel
-            with one_cpu_thread(model.device) if one_thread else nullcontext():
+        device = model_ref().device
+        if device.type == "cpu":  # transformers' own condition for keeping the kernel
+            with one_cpu_thread(device) if one_thread else nullcontext():
                 yield
             return
         if decode is None:

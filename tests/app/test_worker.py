@@ -3,6 +3,8 @@ cancellation, streaming, stopping within a token, failures, long conversations."
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import pytest
@@ -82,6 +84,21 @@ def test_a_load_given_up_before_it_starts_still_lets_the_previous_model_go(worke
     assert recorder.of("sig_load_cancelled") == [(2,)]
     worker.generate(3, [{"role": "user", "content": "Hello?"}], GREEDY)
     assert recorder.of("sig_reply_needs_model") == [(3,)] and not recorder.of("sig_reply_finished")
+
+
+def test_unloading_gives_the_models_memory_back_at_once(worker: EngineWorker, tiny_model: Path) -> None:
+    """Without a garbage collection: one on the worker's thread could finalise the GUI's Qt
+    objects and deadlock with the GUI thread."""
+    recorder = Recorder(worker)
+    gc.disable()
+    try:
+        worker.load(1, str(tiny_model), EngineOptions(cache_ratio=0.5))
+        worker.generate(2, [{"role": "user", "content": "Hi!"}], GREEDY)
+        model = weakref.ref(worker._engine.loaded.model)
+        worker.unload()
+        assert recorder.of("sig_reply_finished") and model() is None
+    finally:
+        gc.enable()
 
 
 def test_a_model_that_cannot_be_loaded_says_why(worker: EngineWorker, tmp_path: Path) -> None:

@@ -163,6 +163,23 @@ def test_resize_frees_the_old_pool(engine: Engine) -> None:
     assert all(ref() is None for ref in old)
 
 
+def test_a_closed_engine_gives_its_model_back_without_the_garbage_collector() -> None:
+    """The app drops an unloaded engine on its worker thread, where a collection could finalise
+    the GUI's Qt objects: the model's memory must come back by reference counting alone."""
+    engine = Engine(load_model(str(demo_model_dir()), device="cpu"), link_gbps=0.05)
+    engine.configure("seqmoe", cache_ratio=0.3)
+    gc.disable()
+    try:
+        engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=3))
+        model = weakref.ref(engine.loaded.model)
+        expert_pool = [weakref.ref(tensor) for tensor in engine.cache.pool.tensors.values()]
+        engine.close()
+        del engine
+        assert model() is None and all(ref() is None for ref in expert_pool)
+    finally:
+        gc.enable()
+
+
 def test_resize_below_the_minimum_is_refused_and_keeps_the_cache(engine: Engine) -> None:
     engine.configure("lru", cache_ratio=0.3)
     before = engine.cache_slots
