@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyqtgraph.util.garbage_collector import GarbageCollector
 from PySide6.QtCore import QSize
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
@@ -20,6 +24,7 @@ from .store.settings import SETTINGS_NAME
 from .worker import EngineOpener, open_engine
 
 LOG_NAME = "seqmoe-chat.log"
+GC_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -55,6 +60,25 @@ def create_application() -> QApplication:
     return app
 
 
+@contextmanager
+def garbage_collected_on_this_thread() -> Iterator[None]:
+    """Collect reference cycles only on this (the GUI) thread, on a timer of its event loop.
+
+    Python collects on whichever thread happens to allocate, and the engine's thread allocates
+    most. A collection there may finalise the window's Qt objects (widgets held in reference
+    cycles, message views and pyqtgraph's among them), whose destructor then waits for the
+    interpreter lock while holding Qt's, as the GUI thread waits for Qt's: a deadlock. The timer
+    is pyqtgraph's, which keeps Python's thresholds. Needs the QApplication."""
+    was_enabled = gc.isenabled()
+    collector = GarbageCollector(interval=GC_INTERVAL_S)
+    try:
+        yield
+    finally:
+        collector.timer.stop()
+        if was_enabled:
+            gc.enable()
+
+
 def _app_icon() -> QIcon:
     icon = QIcon()
     for size in ICON_SIZES:
@@ -71,10 +95,11 @@ def run_app(data_dir_override: Path | None, model: str | None) -> int:
     logging.basicConfig(
         filename=folder / LOG_NAME, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    window = MainWindow(open_context(folder), model)
-    window.show()
-    window.start()
-    return leave(window.context.client, app.exec())
+    with garbage_collected_on_this_thread():
+        window = MainWindow(open_context(folder), model)
+        window.show()
+        window.start()
+        return leave(window.context.client, app.exec())
 
 
 def leave(client: EngineClient, code: int) -> int:

@@ -18,6 +18,15 @@ from .fakes import FakeBackend  # noqa: E402
 from .waits import model_shown  # noqa: E402
 
 
+@pytest.fixture(scope="package", autouse=True)
+def garbage_collected_on_the_gui_thread(qapp):
+    """As in the app: a collection on the engine's thread could deadlock with the GUI thread."""
+    from seqmoe_chat.application import garbage_collected_on_this_thread
+
+    with garbage_collected_on_this_thread():
+        yield
+
+
 @pytest.fixture(autouse=True)
 def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own data folder; the user's real one is never touched."""
