@@ -51,46 +51,52 @@ def run_self_test(model: str | None = None) -> int:
 
 def _chat_once(folder: Path, model: str | None) -> str:
     previous_handler = _show_only_qt_errors()
-    create_application()
-    with garbage_collected_on_this_thread():
-        context = open_context(folder)
-        window = MainWindow(context, model)
-        failures: list[str] = []
-        context.client.worker.sig_load_failed.connect(lambda _id, reason: failures.append(reason))
-        try:
-            window.show()
-            window.start()
-            if not _wait_until(lambda: context.client.model is not None or bool(failures), LOAD_TIMEOUT_S):
-                raise SelfTestFailed(f"the model did not load within {LOAD_TIMEOUT_S} s")
-            if failures:
-                raise SelfTestFailed(f"the model could not be loaded: {failures[0]}")
-            info = context.client.model
-            window.composer.set_text(MESSAGE)
-            window.composer.submit()
-            if not window.session.busy:
-                raise SelfTestFailed("the message was not sent")
-            if not _wait_until(lambda: not window.session.busy, REPLY_TIMEOUT_S):
-                raise SelfTestFailed(f"no reply within {REPLY_TIMEOUT_S} s")
-            conversation_id = window.session.conversation_id
-            reply = context.store.thread(conversation_id)[-1].message
-            if reply.state != DONE or not reply.content.strip():
-                raise SelfTestFailed(f"the reply ended {reply.state} with {len(reply.content)} characters: {reply.error}")
-            exported = folder / "self-test.md"
-            write_export(exported, load_transcripts(context.store, [conversation_id]), "md")
-            text = exported.read_text(encoding="utf-8")
-            if MESSAGE not in text or reply.content.strip() not in text:
-                raise SelfTestFailed("the Markdown export lacks the message or the reply")
-            stats = reply.stats
-            return (
-                f"{info.name} on {info.device}: {stats['tokens']} tokens at {stats['tokens_per_s']:.1f} tok/s, "
-                f"first token after {stats['time_to_first_token']:.2f} s, "
-                f"longest GUI stall {stats['gui_stall_ms']:.0f} ms, export checked"
-            )
-        finally:
-            window.close()
-            # The temporary folder goes next; an open database would keep it on Windows.
-            context.database.connection.close()
-            qInstallMessageHandler(previous_handler)
+    try:
+        create_application()
+        with garbage_collected_on_this_thread():
+            return _chat_in_window(folder, model)
+    finally:
+        qInstallMessageHandler(previous_handler)
+
+
+def _chat_in_window(folder: Path, model: str | None) -> str:
+    context = open_context(folder)
+    window = MainWindow(context, model)
+    failures: list[str] = []
+    context.client.worker.sig_load_failed.connect(lambda _id, reason: failures.append(reason))
+    try:
+        window.show()
+        window.start()
+        if not _wait_until(lambda: context.client.model is not None or bool(failures), LOAD_TIMEOUT_S):
+            raise SelfTestFailed(f"the model did not load within {LOAD_TIMEOUT_S} s")
+        if failures:
+            raise SelfTestFailed(f"the model could not be loaded: {failures[0]}")
+        info = context.client.model
+        window.composer.set_text(MESSAGE)
+        window.composer.submit()
+        if not window.session.busy:
+            raise SelfTestFailed("the message was not sent")
+        if not _wait_until(lambda: not window.session.busy, REPLY_TIMEOUT_S):
+            raise SelfTestFailed(f"no reply within {REPLY_TIMEOUT_S} s")
+        conversation_id = window.session.conversation_id
+        reply = context.store.thread(conversation_id)[-1].message
+        if reply.state != DONE or not reply.content.strip():
+            raise SelfTestFailed(f"the reply ended {reply.state} with {len(reply.content)} characters: {reply.error}")
+        exported = folder / "self-test.md"
+        write_export(exported, load_transcripts(context.store, [conversation_id]), "md")
+        text = exported.read_text(encoding="utf-8")
+        if MESSAGE not in text or reply.content.strip() not in text:
+            raise SelfTestFailed("the Markdown export lacks the message or the reply")
+        stats = reply.stats
+        return (
+            f"{info.name} on {info.device}: {stats['tokens']} tokens at {stats['tokens_per_s']:.1f} tok/s, "
+            f"first token after {stats['time_to_first_token']:.2f} s, "
+            f"longest GUI stall {stats['gui_stall_ms']:.0f} ms, export checked"
+        )
+    finally:
+        window.close()
+        # The temporary folder goes next; an open database would keep it on Windows.
+        context.database.connection.close()
 
 
 def _show_only_qt_errors() -> Callable | None:
