@@ -320,7 +320,7 @@ class ExpertCache:
                 return len(best)
             return int(horizon * self.layer_seconds / copy_seconds) - in_flight
 
-        jobs = [Job(key, deadline(f.horizon), f.probability * copy_seconds, f.probability) for key, f in best.items()]
+        jobs = [Job(key, deadline(f.horizon), f.probability * copy_seconds, f.probability, f.horizon) for key, f in best.items()]
         candidates = self._candidates()
         room = len(self.pool.free) + len(candidates)
         victims = EvictionQueue(self.policy.eviction_order(candidates))

@@ -25,6 +25,11 @@ ones. Compute runs the layers in order and waits at the first expert that is not
 so on one link no order of the same copies lets it finish sooner: swapping two copies that
 run out of deadline order delays the one needed first and makes the other no earlier
 for its layer. (An on-time set stays on time in this order; the slots only proved it.)
+A deadline counts whole copies, and a copy may take several layers, so jobs that share one
+run in the order their layers come (``horizon``): by profit or by key, a layer needed later,
+such as the next token's first layers after this token's last, could go first. Simulated on
+the held-out chat (RTX 4090, OLMoE shape, cache ratio 0.45), the oracle ran at 68.8% of
+``full`` instead of 68.1%, with 1% fewer bytes copied; ``seqmoe`` was unchanged (39.2%).
 Measured with the simulator on the held-out chat (RTX 4090, OLMoE shape, cache ratio
 0.45), queueing the late jobs last instead made the oracle run at 60.1% of ``full``
 instead of 67.3%, and at 99.1% instead of 99.5% with decode at 39% of the memory bandwidth.
@@ -45,11 +50,13 @@ class Job:
     """Slots that end before the expert's layer starts (0: too late to prefetch)."""
     profit: float
     probability: float = 0.0
+    horizon: int = 0
+    """MoE layers until the expert's layer starts: the order of the jobs that share a deadline."""
 
 
 def schedule(jobs: Sequence[Job], capacity: int, keep_late_above: float | None = None) -> list[Job]:
     """JSD's on-time jobs and the late but likely ones (``keep_late_above``), the ``capacity`` most
-    profitable of them, soonest deadline first (see the module docstring)."""
+    profitable of them, soonest deadline first, then soonest layer (see the module docstring)."""
     horizon = max(0, min(max((job.deadline for job in jobs), default=0), len(jobs)))
     parent = list(range(horizon + 1))  # parent[t]: latest free slot <= t, as slot index + 1 (0 = none)
 
@@ -71,4 +78,4 @@ def schedule(jobs: Sequence[Job], capacity: int, keep_late_above: float | None =
             chosen.append(job)
         elif keep_late_above is not None and job.probability >= keep_late_above:
             chosen.append(job)
-    return sorted(chosen, key=lambda j: (j.deadline, -j.profit, j.key))
+    return sorted(chosen, key=lambda j: (j.deadline, j.horizon, -j.profit, j.key))

@@ -69,6 +69,16 @@ def test_a_plan_runs_in_deadline_order(seed: int) -> None:
     assert [job.deadline for job in plan] == sorted(job.deadline for job in plan)
 
 
+def test_jobs_that_share_a_deadline_run_in_the_order_their_layers_come() -> None:
+    """A deadline counts whole copies, so several layers share one; within it the layer needed
+    first goes first, whatever its probability, also when the next token's first layers follow
+    the last ones of this token."""
+    last_layer = Job((7, 2), deadline=3, profit=0.5, probability=0.5, horizon=2)
+    next_token = Job((0, 3), deadline=3, profit=0.9, probability=0.9, horizon=3)
+    sooner = Job((6, 1), deadline=3, profit=0.4, probability=0.4, horizon=1)
+    assert schedule([next_token, last_layer, sooner], capacity=3) == [sooner, last_layer, next_token]
+
+
 def test_jobs_past_their_deadline_are_dropped() -> None:
     late, later = Job((0, 1), deadline=0, profit=1.0), Job((0, 5), deadline=-2, profit=2.0)
     crowded = [Job((0, i), deadline=1, profit=0.1 * i) for i in range(2, 5)]
