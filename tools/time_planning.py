@@ -32,9 +32,10 @@ import torch
 import transformers
 
 from seqmoe import cache, policies
+from seqmoe.hardware import HARDWARE, SHAPES
 from seqmoe.predictor.model import load_predictor
 from seqmoe.resources import demo_model_dir
-from seqmoe.simulate import HARDWARE, SHAPES, simulate
+from seqmoe.simulate import simulate
 from seqmoe.trace import Traces, read_traces
 
 

@@ -1,5 +1,6 @@
-"""The settings dialog's engine page: device, cache policy, emulated link speed, the
-prediction horizon (up to the loaded model's predictor), the context and the VRAM budget."""
+"""The settings dialog's engine page: device, cache policy, emulated link (the consumer setup
+it imitates, or a fixed speed), the prediction horizon (up to the loaded model's predictor),
+the context and the VRAM budget."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QFormLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
+from seqmoe.hardware import SETUPS, Setup
 
 from .budget_slider import BudgetSlider
 from .panel.memory_monitor import MemorySample
@@ -66,12 +68,22 @@ class EnginePage(QWidget):
         self.device = _combo(DEVICE_NAMES, DEVICES, options.device)
         self.device.setToolTip("Takes effect when a model is next loaded")
         self.policy = _combo(POLICY_NAMES, POLICIES, options.policy)
+        self.link_setup = QComboBox()
+        for name, setup in SETUPS.items():
+            self.link_setup.addItem(setup_text(setup), name)
+        self.link_setup.addItem("a fixed speed", None)
+        self.link_setup.setCurrentIndex(max(self.link_setup.findData(options.link_setup), 0)
+                                        if options.link_setup is not None else self.link_setup.count() - 1)
+        self.link_setup.setToolTip("On machines without a CUDA GPU, experts are copied over an emulated link. Matched to "
+                                   "a setup, one copy takes as many layers of this model's decode as there (timed when "
+                                   "the model loads), so the cache policies compare as they would on that GPU")
         self.link = QDoubleSpinBox()
         self.link.setRange(0.01, 1000.0)
         self.link.setDecimals(2)
         self.link.setSuffix(" GB/s")
         self.link.setValue(options.link_gbps)
-        self.link.setToolTip("How fast the emulated host-to-device link copies experts (machines without a CUDA GPU)")
+        self.link.setToolTip("How fast the emulated host-to-device link copies experts, when it follows no setup")
+        self.link_note = QLabel(link_text(model))
         self.horizon = QSpinBox()
         self.horizon.setRange(1, model.max_horizon if model is not None else 1)
         self.horizon.setSuffix(" MoE layers ahead")
@@ -93,18 +105,21 @@ class EnginePage(QWidget):
         self.budget = BudgetSlider(model, context.available_bytes, self.speeds_for(options.policy),
                                    options.vram_budget_gb, options.cache_ratio, context.automatic_bytes)
         self.policy.currentIndexChanged.connect(self._on_policy_changed)
+        self.link_setup.currentIndexChanged.connect(self._on_link_changed)
         layout = QFormLayout(self)
         layout.addRow("Device", self.device)
         layout.addRow("Cache policy", self.policy)
-        layout.addRow("Emulated link", self.link)
+        layout.addRow("Emulated link", _with_note(self.link_setup, self.link_note, self.link))
         layout.addRow("Prediction horizon", _with_note(self.horizon, self.horizon_note))
         layout.addRow("Context", _with_note(self.context, self.context_note))
         layout.addRow(self.budget)
         self._on_policy_changed()
+        self._on_link_changed()
 
     def apply_to(self, options: EngineOptions) -> None:
         options.device = str(self.device.currentData())
         options.policy = str(self.policy.currentData())
+        options.link_setup = self.link_setup.currentData()
         options.link_gbps = round(self.link.value(), 2)
         # The predictor's whole reach is stored as "no limit", so a better predictor later is used fully.
         if self.horizon.value() == self._horizon_shown:
@@ -121,6 +136,9 @@ class EnginePage(QWidget):
         self.horizon.setEnabled(policy == "seqmoe" and self.horizon.maximum() > 1)
         self.budget.set_speeds(self.speeds_for(policy))
 
+    def _on_link_changed(self) -> None:
+        self.link.setEnabled(self.link_setup.currentData() is None)
+
 
 def horizon_text(model: ModelInfo | None) -> str:
     if model is None:
@@ -135,6 +153,21 @@ def horizon_text(model: ModelInfo | None) -> str:
     return f"now {model.predictor_horizon} MoE {layers} ahead with the {model.policy} policy; this model's predictor reaches {model.max_horizon}"
 
 
+def setup_text(setup: Setup) -> str:
+    return f"as {setup.hardware.description} with {setup.shape.description} experts: a copy takes {setup.transfer_to_compute:.1f} layers"
+
+
+def link_text(model: ModelInfo | None) -> str:
+    if model is None:
+        return "shown once a model is loaded"
+    if model.link != "emulated":
+        return f"unused: {model.name} copies over {model.link}"
+    if model.link_setup is None:
+        return f"{model.name} copies at the fixed speed"
+    copy_layers = SETUPS[model.link_setup].transfer_to_compute
+    return f"now {model.link_gbps:.3g} GB/s: one expert copy takes {copy_layers:.1f} layers of {model.name}'s decode, timed here"
+
+
 def context_text(model: ModelInfo | None) -> str:
     if model is None or not model.context_tokens:
         return "shown once a model is loaded"
@@ -142,14 +175,14 @@ def context_text(model: ModelInfo | None) -> str:
     return f"{model.name} now holds {model.context_tokens:,} tokens{limit}; the VRAM budget includes their KV cache"
 
 
-def _with_note(field: QWidget, note: QLabel) -> QWidget:
-    """``field`` with a wrapped line of explanation under it, as one form row."""
+def _with_note(field: QWidget, note: QLabel, *more: QWidget) -> QWidget:
+    """``field`` (and any ``more`` fields) with a wrapped line of explanation under it, as one form row."""
     note.setWordWrap(True)
     box = QWidget()
     layout = QVBoxLayout(box)
     layout.setContentsMargins(0, 0, 0, 0)
-    layout.addWidget(field)
-    layout.addWidget(note)
+    for widget in (field, *more, note):
+        layout.addWidget(widget)
     return box
 
 

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # How often streamed text crosses to the GUI thread; the chat re-renders at most every 50 ms anyway.
 STREAM_INTERVAL_S = 0.03
+LOADING_SHARE = 0.95
+"""The share of the load bar for loading the model; the rest: matching the emulated link, building the cache."""
 
 Progress = Callable[[str, float], None]
 EngineOpener = Callable[[str, EngineOptions, Progress], "Engine"]
@@ -54,6 +56,7 @@ class ModelInfo:
     max_horizon: int = 1  # the farthest the seqmoe policy can forecast with this model's predictor
     context_tokens: int = 0  # prompt and reply, as the engine holds them (the setting, capped at the model's limit)
     context_limit: int | None = None  # the model's own, when its config says
+    link_setup: str | None = None  # the consumer setup the emulated link was matched to; None: a fixed speed
 
 
 @dataclass(frozen=True)
@@ -74,18 +77,58 @@ def open_engine(model: str, options: EngineOptions, on_progress: Progress) -> En
     from seqmoe import Engine, load_model
     from seqmoe.resources import demo_model_dir
 
-    loaded = load_model(model or str(demo_model_dir()), device=options.device, on_progress=on_progress)
+    def loading(stage: str, fraction: float) -> None:
+        if fraction < 1.0:  # the model is ready once its link is set and its cache built, below
+            on_progress(stage, LOADING_SHARE * fraction)
+
+    loaded = load_model(model or str(demo_model_dir()), device=options.device, on_progress=loading)
     engine = Engine(loaded, link_gbps=options.link_gbps, context_tokens=options.context_tokens)
     engine.horizon = options.horizon
     try:
+        set_link(engine, options, on_progress)
         engine.configure(options.policy, **options.cache_size(engine.free_memory_budget_gb()))
+        on_progress("Ready", 1.0)
     except BaseException:
         engine.close()
         raise
     return engine
 
 
-def model_info(engine: Engine) -> ModelInfo:
+def set_link(engine: Engine, options: EngineOptions, on_progress: Progress) -> None:
+    """The emulated link at the options' fixed speed, or matched to their setup: a short timed
+    run of ``full`` sets the speed at which one expert copy takes as many layers of decode as
+    on that setup. A CUDA device's link is real, and left alone."""
+    if engine.link != "emulated":
+        return
+    engine.link_gbps = options.link_gbps
+    setup = link_setup(options)
+    if setup is not None:
+        from seqmoe.bench import match_link
+        from seqmoe.hardware import SETUPS
+
+        on_progress("Timing decode to match the emulated link to the setup", LOADING_SHARE)
+        match_link(engine, SETUPS[setup].transfer_to_compute)
+
+
+def link_setup(options: EngineOptions) -> str | None:
+    """The options' setup, None for a fixed speed; one this version does not know (settings of a
+    later one) is the default."""
+    from seqmoe.hardware import DEFAULT_SETUP, SETUPS
+
+    if options.link_setup is None:
+        return None
+    return options.link_setup if options.link_setup in SETUPS else DEFAULT_SETUP
+
+
+def link_changed(info: ModelInfo, options: EngineOptions) -> bool:
+    """Whether ``options`` ask the loaded model's emulated link for another speed or setup."""
+    if info.link != "emulated":
+        return False
+    setup = link_setup(options)
+    return setup != info.link_setup or (setup is None and options.link_gbps != info.link_gbps)
+
+
+def model_info(engine: Engine, setup: str | None) -> ModelInfo:
     host = engine.loaded.host
     return ModelInfo(
         name=engine.loaded.path.name,
@@ -100,6 +143,7 @@ def model_info(engine: Engine) -> ModelInfo:
         experts_per_layer=host.layout.num_experts,
         link=engine.link,
         link_gbps=engine.link_gbps,
+        link_setup=setup if engine.link == "emulated" else None,
         predictor_horizon=engine.forecast_horizon,
         max_horizon=engine.max_horizon(),
         context_tokens=engine.context_tokens,
@@ -201,7 +245,7 @@ class EngineWorker(QObject):
             self.sig_load_cancelled.emit(request_id)
             return
         with self._lock:
-            self._engine, self._info = engine, model_info(engine)
+            self._engine, self._info = engine, model_info(engine, link_setup(options))
             for listener in self._listeners:
                 engine.events.subscribe(listener)
         self.sig_model_loaded.emit(request_id, self._info)
@@ -211,13 +255,16 @@ class EngineWorker(QObject):
         """Apply the policy, link speed and cache size of ``options`` to the loaded model without
         reloading it: a resize keeps the cached experts; another policy or link rebuilds the cache.
         Queued behind a running reply, so it takes effect between two generations."""
-        engine = self._engine
-        if engine is None:
+        engine, info = self._engine, self._info
+        if engine is None or info is None:
             return  # the options apply when a model is next loaded
         before = (engine.policy_name, engine.link_gbps, engine.horizon, engine.cache_slots)
+        relink = link_changed(info, options)
         try:
-            if before[:3] != (options.policy, options.link_gbps, options.horizon):
-                engine.link_gbps, engine.horizon = options.link_gbps, options.horizon
+            if relink or (engine.policy_name, engine.horizon) != (options.policy, options.horizon):
+                engine.horizon = options.horizon
+                if relink:
+                    set_link(engine, options, lambda _stage, _fraction: None)
                 engine.configure(options.policy, **options.cache_size(engine.free_memory_budget_gb()))
             elif options.policy != "full":
                 engine.resize(**options.cache_size(engine.free_memory_budget_gb()))
@@ -227,10 +274,10 @@ class EngineWorker(QObject):
             if (engine.policy_name, engine.link_gbps, engine.horizon) != before[:3]:
                 engine.link_gbps, engine.horizon = before[1], before[2]
                 engine.configure(before[0], cache_ratio=before[3] / engine.geometry.total_experts)
-            self._info = model_info(engine)
+            self._info = model_info(engine, info.link_setup)
             self.sig_reconfigure_failed.emit(request_id, describe_error(error), self._info)
             return
-        self._info = model_info(engine)
+        self._info = model_info(engine, link_setup(options))
         self.sig_model_reconfigured.emit(request_id, self._info)
 
     @Slot(int, object, object)

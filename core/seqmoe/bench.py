@@ -6,7 +6,7 @@ resident, is the reference the others are measured against.
 
 On the emulated link the copy speed is chosen, unless given, so that one expert's
 transfer time relative to one MoE layer's decode compute time equals that ratio on a
-named consumer setup (``SETUPS``), the compute time being measured here with ``full``.
+named consumer setup (``hardware.SETUPS``), the compute time being measured here with ``full``.
 A shared machine's speed drifts by tens of percent within a minute while an emulated
 copy takes the same time, so every prompt's run is bracketed by two runs of ``full`` on
 the same prompt: the one before sets the link, the mean of both is its reference time.
@@ -22,9 +22,8 @@ from pathlib import Path
 from .bound import Access, CopyBound, fewest_copies
 from .engine import Engine, Sampling
 from .errors import SeqMoEError
-from .events import EventBuffer, LayerRouted
+from .events import EventBuffer, EventBus, LayerRouted
 from .policies import ORACLES
-from .simulate import HARDWARE, SHAPES, Hardware, ModelShape
 from .stats import GenerationStats
 from .user_files import writing
 
@@ -36,37 +35,6 @@ BUILT_IN_PROMPTS = [
 ]
 
 
-@dataclass(frozen=True)
-class Setup:
-    """A consumer GPU and its host link (the simulator's profiles) with a model shape."""
-
-    hardware: Hardware
-    shape: ModelShape
-    source: str = ""
-    """Where a figure of the setup comes from, when it is not a data-sheet value."""
-
-    @property
-    def description(self) -> str:
-        memory = f"{self.hardware.memory_bytes_per_s / 1e9:.0f} GB/s memory"
-        return f"{self.shape.description} on {self.hardware.description}, {memory}" + (f" ({self.source})" if self.source else "")
-
-    @property
-    def transfer_to_compute(self) -> float:
-        """One expert's copy time over one MoE layer's decode time (decode bound by memory bandwidth)."""
-        copy = self.shape.expert_bytes / self.hardware.link_bytes_per_s  # without latency, as the setups are quoted
-        return copy / self.hardware.layer_seconds(self.shape)
-
-
-SETUPS = {
-    "rtx4090-pcie4-olmoe": Setup(HARDWARE["rtx4090-pcie4"], SHAPES["olmoe"]),
-    "rtx4090-pcie4-olmoe-engine": Setup(
-        HARDWARE["rtx4090-pcie4"].at_efficiency(0.39),
-        SHAPES["olmoe"],
-        "llama.cpp's published 196 tok/s for Qwen3-30B-A3B Q4_K_M on this card",
-    ),
-    "rtx4060laptop-pcie4x8-olmoe": Setup(HARDWARE["rtx4060laptop-pcie4x8"], SHAPES["olmoe"]),
-}
-DEFAULT_SETUP = "rtx4090-pcie4-olmoe"
 
 
 @dataclass
@@ -164,6 +132,33 @@ def emulated_copy_seconds(engine: Engine) -> float:
 def full_speed(engine: Engine, prompts: list[list[int]], sampling: Sampling) -> Totals:
     engine.configure("full")
     return Totals([engine.generate(p, sampling).stats for p in prompts])
+
+
+MATCH_PROMPTS = 2
+MATCH_TOKENS = 16
+
+
+def match_link(engine: Engine, copy_layers: float, prompts: list[list[int]] | None = None,
+               max_new_tokens: int = MATCH_TOKENS) -> float:
+    """Time ``full``'s decode on ``prompts`` (by default the first built-in ones, as user turns)
+    after a short warm-up, and set the emulated link so that one expert copy takes
+    ``copy_layers`` of its MoE layers; returns the link's speed in GB/s. The engine is left with
+    the ``full`` policy: configure the one wanted next, which builds its copier on this link.
+    These runs are nobody's replies: the event stream's listeners do not see them."""
+    if engine.link != "emulated":
+        raise SeqMoEError(f"only an emulated link can be matched to a setup; this engine copies over {engine.link}")
+    if prompts is None:
+        chat = bool(engine.loaded.tokenizer.chat_template)
+        prompts = [engine.encode(text, chat=chat) for text in BUILT_IN_PROMPTS[:MATCH_PROMPTS]]
+    listened, engine.events = engine.events, EventBus()
+    try:
+        engine.configure("full")
+        engine.generate(prompts[0], Sampling(max_new_tokens=4))  # the first call's one-off setup is no decode
+        set_link(engine, full_speed(engine, prompts, Sampling(max_new_tokens=max_new_tokens)), copy_layers)
+    finally:
+        engine.events = listened
+        engine.configure("full")
+    return engine.link_gbps
 
 
 @dataclass

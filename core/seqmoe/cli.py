@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .bench import DEFAULT_SETUP, SETUPS
 from .budget import DEFAULT_CONTEXT_TOKENS
 from .errors import SeqMoEError
+from .hardware import DEFAULT_SETUP, HARDWARE, SETUPS, SHAPES
 from .policies import POLICY_NAMES
 from .predictor.calibration import CALIBRATION_TOKENS
-from .simulate import HARDWARE, SHAPES, SIMULATED_POLICIES
 from .resources import demo_model_dir
+from .simulate import SIMULATED_POLICIES
 from .user_files import check_output, read_text
 
 if TYPE_CHECKING:
@@ -194,15 +194,12 @@ def run_generate(args: argparse.Namespace) -> int:
 def run_bench_command(args: argparse.Namespace) -> int:
     from .bench import (
         BUILT_IN_PROMPTS,
-        SETUPS,
         event_stream_overhead,
         format_table,
-        full_speed,
+        match_link,
         plot,
         run_bench,
-        set_link,
     )
-    from .engine import Sampling
 
     policies = [p for p in args.policies.split(",") if p]
     unknown = sorted(set(policies) - set(POLICY_NAMES))
@@ -233,9 +230,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         link_note = (f"emulated link set before every run so that one expert copy = {copy_layers:.2f} x one MoE layer's "
                      f"decode compute of full, measured just before each prompt's run, as for {setup.description}")
         if args.event_overhead:  # measured before the bench, which sets the link for each of its own runs
-            engine.configure("full")
-            engine.generate(prompts[0], Sampling(max_new_tokens=4))
-            set_link(engine, full_speed(engine, prompts, Sampling(max_new_tokens=args.max_new_tokens)), copy_layers)
+            match_link(engine, copy_layers, prompts, args.max_new_tokens)
     else:
         link_note = f"{engine.link} link" + (f" {engine.link_gbps} GB/s" if engine.link == "emulated" else "")
     overhead = event_stream_overhead(engine, prompts, ratios[0], args.max_new_tokens) if args.event_overhead else None

@@ -236,7 +236,7 @@ class EmulatedCopier(ModelledLane):
     the compute thread when the model says it is done (compute waits until then, as a CUDA
     stream waits on a copy's event). A copy thread cost every miss far more than its copy: the
     thread had to wake and take the interpreter lock to start the copy and again to signal it,
-    which on the app's 25 GB/s link took 160-740 µs for a demo expert's copy of 14 µs. The
+    which on a 25 GB/s link took 160-740 µs for a demo expert's copy of 14 µs. The
     memcpy itself (about 10 µs for a demo expert) is the compute thread's; for experts of
     megabytes it costs compute more than a DMA engine would.
     """

@@ -48,7 +48,7 @@ def recorded():
     buffer = EventBuffer()
     engine.events.subscribe(buffer)
     result = engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=12))
-    info = model_info(engine)
+    info = model_info(engine, setup=None)
     engine.close()
     return buffer.drain(), info, result.stats
 

@@ -9,11 +9,12 @@ from dataclasses import replace
 import pytest
 from PySide6.QtCore import QEventLoop, QObject, QTimer, Slot
 from seqmoe.budget import FREE_MEMORY_MARGIN, CacheGeometry
+from seqmoe.hardware import DEFAULT_SETUP
 from seqmoe.resources import demo_model_dir
 
 from seqmoe_chat.budget_slider import GB, BudgetSlider, describe_budget
 from seqmoe_chat.engine_client import EngineClient
-from seqmoe_chat.engine_settings import EngineContext, context_text, engine_context, horizon_text
+from seqmoe_chat.engine_settings import EngineContext, context_text, engine_context, horizon_text, link_text
 from seqmoe_chat.panel.memory_monitor import GpuMemory, MemorySample
 from seqmoe_chat.settings_dialog import SettingsDialog
 from seqmoe_chat.store import EngineOptions, SamplingSettings, Settings
@@ -103,6 +104,14 @@ def test_a_horizon_the_dialog_cannot_show_is_kept(qtbot, model) -> None:
     assert settings.engine.horizon == 2
 
 
+def test_the_link_note_says_what_the_emulated_link_runs_at() -> None:
+    emulated = replace(MODEL, device="cpu", link="emulated", link_gbps=0.0567, link_setup=DEFAULT_SETUP)
+    assert link_text(emulated) == "now 0.0567 GB/s: one expert copy takes 3.9 layers of test-moe's decode, timed here"
+    assert link_text(replace(emulated, link_setup=None)) == "test-moe copies at the fixed speed"
+    assert link_text(MODEL) == "unused: test-moe copies over cuda"
+    assert link_text(None) == "shown once a model is loaded"
+
+
 def test_expected_speed_from_measurements() -> None:
     assert expected_speed({}, 10) is None
     assert expected_speed({10: 5.0}, 30).tokens_per_s == 5.0
@@ -116,6 +125,9 @@ def test_the_dialog_applies_every_setting(qtbot) -> None:
     page = dialog.engine
     page.policy.setCurrentIndex(page.policy.findData("gate"))
     page.device.setCurrentIndex(page.device.findData("cpu"))
+    assert page.link_setup.currentData() == DEFAULT_SETUP and not page.link.isEnabled()
+    page.link_setup.setCurrentIndex(page.link_setup.count() - 1)
+    assert page.link_setup.currentText() == "a fixed speed" and page.link.isEnabled()
     page.link.setValue(3.5)
     assert page.horizon.maximum() == 4 and page.horizon.value() == 4
     page.horizon.setValue(2)
@@ -127,7 +139,7 @@ def test_the_dialog_applies_every_setting(qtbot) -> None:
     dialog.theme.setCurrentIndex(dialog.theme.findData("dark"))
     dialog.apply_to(settings)
     assert settings.engine == EngineOptions(device="cpu", policy="gate", cache_ratio=0.45, vram_budget_gb=3.25,
-                                            link_gbps=3.5, horizon=2, context_tokens=16384)
+                                            link_setup=None, link_gbps=3.5, horizon=2, context_tokens=16384)
     assert not page.horizon.isEnabled(), "only the seqmoe policy looks several layers ahead"
     page.policy.setCurrentIndex(page.policy.findData("seqmoe"))
     assert page.horizon.isEnabled()
@@ -137,6 +149,10 @@ def test_the_dialog_applies_every_setting(qtbot) -> None:
     assert (settings.panel_hz, settings.theme) == (4, "dark")
     page.policy.setCurrentIndex(page.policy.findData("full"))
     assert not page.budget.isEnabled()
+    page.link_setup.setCurrentIndex(page.link_setup.findData("rtx4060laptop-pcie4x8-olmoe"))
+    assert page.link_setup.currentText().startswith("as RTX 4060 Laptop, PCIe 4.0 x8")
+    dialog.apply_to(settings)
+    assert (settings.engine.link_setup, settings.engine.link_gbps) == ("rtx4060laptop-pcie4x8-olmoe", 3.5)
 
 
 def test_accepted_settings_reconfigure_the_loaded_model_and_are_saved(qtbot, window, backend, monkeypatch) -> None:

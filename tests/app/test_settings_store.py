@@ -11,13 +11,14 @@ import pytest
 
 from seqmoe_chat.paths import CONFIG_DIR_ENV, config_dir
 from seqmoe_chat.store import EngineOptions, SamplingSettings, Settings, SettingsStore, open_database
-from seqmoe_chat.store.settings import SCHEMA_VERSION, SETTINGS_FORMAT, SETTINGS_NAME
+from seqmoe_chat.store.settings import DEFAULT_LINK_SETUP, SCHEMA_VERSION, SETTINGS_FORMAT, SETTINGS_NAME
 
 
 def test_round_trip_with_a_schema_version(tmp_path: Path) -> None:
     path = tmp_path / "config" / SETTINGS_NAME
     settings = Settings(theme="dark", sampling=SamplingSettings(temperature=0.0, seed=3), window_geometry="AAAA",
-                        engine=EngineOptions(policy="seqmoe", vram_budget_gb=0.085, link_gbps=2.5), panel_hz=4)
+                        engine=EngineOptions(policy="seqmoe", vram_budget_gb=0.085, link_setup=None, link_gbps=2.5),
+                        panel_hz=4)
     settings.remember_model("/models/a")
     settings.remember_model("/models/b")
     SettingsStore(path).save(settings)
@@ -63,7 +64,8 @@ def test_version_1_in_the_chat_database_migrates_to_the_file(tmp_path: Path) -> 
     settings = SettingsStore(path, connection).load()
     assert settings.theme == "light" and settings.model == "/models/x" and settings.window_state == "SSSS"
     assert settings.sampling == SamplingSettings(temperature=0.2, top_p=0.8, max_new_tokens=64, seed=5)
-    # New in version 2: the cache is still sized by the old ratio, on the default link.
+    # New in version 2: the cache is still sized by the old ratio, on the default link (version 3's:
+    # matched to the default setup).
     assert settings.engine == EngineOptions(device="cpu", policy="gate", cache_ratio=0.6, vram_budget_gb=None,
                                             link_gbps=25.0)
     assert settings.engine.cache_size() == {"cache_ratio": 0.6}
@@ -89,11 +91,25 @@ def test_a_migration_the_folder_cannot_take_still_gives_the_migrated_settings(
     assert not path.exists() and SettingsStore(path, connection).load().theme == "light" and path.exists()
 
 
+@pytest.mark.parametrize(("link_gbps", "setup"), [(25.0, DEFAULT_LINK_SETUP), (2.5, None)])
+def test_version_2s_default_link_follows_the_default_setup_and_a_chosen_speed_stays(
+    tmp_path: Path, link_gbps: float, setup: str | None
+) -> None:
+    path = tmp_path / SETTINGS_NAME
+    path.write_text(json.dumps({"format": SETTINGS_FORMAT, "version": 2, "theme": "dark",
+                                "engine": {"policy": "lru", "link_gbps": link_gbps}}))
+    settings = SettingsStore(path).load()
+    assert settings.theme == "dark"
+    assert settings.engine == EngineOptions(policy="lru", link_setup=setup, link_gbps=link_gbps)
+    assert json.loads(path.read_text())["version"] == SCHEMA_VERSION
+
+
 def test_unknown_and_wrong_values_keep_their_defaults(tmp_path: Path) -> None:
     path = tmp_path / SETTINGS_NAME
     path.write_text(json.dumps({
         "format": SETTINGS_FORMAT, "version": SCHEMA_VERSION, "theme": "purple", "from_a_later_version": 1,
         "panel_hz": 500, "engine": {"policy": "magic", "vram_budget_gb": -1, "link_gbps": "fast", "cache_ratio": 0.3,
+                   "link_setup": 42,
                    "context_tokens": 10},
     }))
     settings = SettingsStore(path).load()

@@ -8,9 +8,11 @@ import weakref
 from pathlib import Path
 
 import pytest
+from seqmoe.hardware import DEFAULT_SETUP
 
 from seqmoe_chat.store import EngineOptions, SamplingSettings
-from seqmoe_chat.worker import EngineWorker, ReplyResult
+from seqmoe_chat.store.settings import DEFAULT_LINK_GBPS, DEFAULT_LINK_SETUP
+from seqmoe_chat.worker import EngineWorker, ReplyResult, link_setup
 
 GREEDY = SamplingSettings(temperature=0.0, max_new_tokens=24)
 
@@ -145,3 +147,33 @@ def test_the_context_in_the_settings_trims_the_conversation_and_refuses_one_mess
     worker.generate(3, [{"role": "user", "content": "word " * 200}], GREEDY)
     ((request, reason, _partial),) = recorder.of("sig_reply_failed")
     assert request == 3 and "the context holds 96 (as set" in reason and reason.endswith("in Settings ▸ Engine")
+
+
+def test_the_emulated_link_follows_the_setup_or_the_fixed_speed_and_listeners_hear_only_replies(
+    worker: EngineWorker, tiny_model: Path
+) -> None:
+    recorder = Recorder(worker)
+    heard: list = []
+    worker.watch_events(heard.append)
+    worker.load(1, str(tiny_model), EngineOptions(cache_ratio=0.5))
+    ((_, matched),) = recorder.of("sig_model_loaded")
+    assert "Timing decode to match the emulated link to the setup" in [stage for _, stage, _ in recorder.of("sig_load_progressed")]
+    assert (matched.link, matched.link_setup, matched.policy) == ("emulated", DEFAULT_SETUP, "seqmoe")
+    assert matched.link_gbps < DEFAULT_LINK_GBPS  # a tiny model's decode takes microseconds a layer
+    reconfigured: list = []
+    worker.sig_model_reconfigured.connect(lambda _request, info: reconfigured.append(info))
+    worker.reconfigure(2, EngineOptions(cache_ratio=0.5, link_setup=None, link_gbps=2.5))
+    worker.reconfigure(3, EngineOptions(cache_ratio=0.5, link_setup="rtx4060laptop-pcie4x8-olmoe"))
+    fixed, laptop = reconfigured
+    assert (fixed.link_setup, fixed.link_gbps, fixed.policy) == (None, 2.5, "seqmoe")
+    assert laptop.link_setup == "rtx4060laptop-pcie4x8-olmoe" and laptop.link_gbps != 2.5 and laptop.policy == "seqmoe"
+    assert heard == [], "timing the link is no reply of the user's"
+    worker.generate(4, [{"role": "user", "content": "Hi!"}], GREEDY)
+    assert recorder.of("sig_reply_finished") and heard
+
+
+def test_a_setup_this_version_does_not_know_is_the_default_one() -> None:
+    # Settings of a later version may name a setup this one lacks; the store keeps the name as given.
+    assert link_setup(EngineOptions(link_setup="rtx6090-pcie6-olmoe")) == DEFAULT_SETUP == DEFAULT_LINK_SETUP
+    assert link_setup(EngineOptions(link_setup="rtx4060laptop-pcie4x8-olmoe")) == "rtx4060laptop-pcie4x8-olmoe"
+    assert link_setup(EngineOptions(link_setup=None)) is None

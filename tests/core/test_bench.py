@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from seqmoe import Engine, Sampling, load_model
-from seqmoe.bench import run_bench, wrapped
+from seqmoe.bench import emulated_copy_seconds, full_speed, layer_seconds, match_link, run_bench, wrapped
 from seqmoe.cli import main
 from seqmoe.errors import SeqMoEError
 
@@ -112,6 +113,24 @@ def test_a_reply_that_ends_at_its_first_token_is_benched_with_the_others(mixtral
     (bound,) = result.bounds
     assert bound.copies_per_token <= lru.totals.total("decode_misses") / 5
     assert 0 < lru.ratio_to_full <= 1.5 and lru.copy_layers is not None
+
+
+def test_a_link_matched_to_a_setup_copies_in_its_layers_of_full_decode_unseen_by_listeners(mixtral_dir: Path) -> None:
+    engine = Engine(load_model(str(mixtral_dir), device="cpu"), link_gbps=25.0)
+    seen: list = []
+    engine.events.subscribe(seen.append)
+    gbps = match_link(engine, 4.0)
+    assert seen == [], "the timing runs are nobody's replies"
+    assert engine.policy_name == "full" and engine.link_gbps == gbps < 25.0
+    # One copy takes 4 layers of full's decode, timed again here (wide bounds: a shared machine's speed drifts).
+    full = full_speed(engine, [[5, 17, 42], [20, 23, 27, 31]], Sampling(max_new_tokens=6))
+    assert 1.0 < emulated_copy_seconds(engine) / layer_seconds(full, engine.loaded.host.num_layers) < 16.0
+    engine.configure("lru", cache_ratio=0.5)
+    engine.generate([5, 17, 42], Sampling(max_new_tokens=3))
+    assert seen, "the listeners hear the replies after it"
+    engine.close()
+    with pytest.raises(SeqMoEError, match="only an emulated link"):
+        match_link(SimpleNamespace(link="cuda"), 4.0)
 
 
 def test_the_plot_title_keeps_its_lines_apart() -> None:

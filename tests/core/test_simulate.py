@@ -12,7 +12,8 @@ from seqmoe import Engine, Sampling, load_model
 from seqmoe.cli import main
 from seqmoe.policies import Policy
 from seqmoe.bound import Access, fewest_copies
-from seqmoe.simulate import HARDWARE, SHAPES, SimulatedCopier, VirtualClock, copy_bound, simulate
+from seqmoe.hardware import HARDWARE, SHAPES
+from seqmoe.simulate import SimulatedCopier, VirtualClock, copy_bound, simulate
 from seqmoe.transfer import CopyJob
 from seqmoe.trace import Document, RoutingRecorder, Traces, trace_document
 

@@ -6,6 +6,8 @@ written. Every older layout has an explicit migration to the next one:
 1. The settings table of the chat database (``chats.sqlite3``), one JSON value per key.
 2. ``settings.json``; the engine options gain a VRAM budget and the emulated link speed,
    and the live panel its sampling rate.
+3. The emulated link imitates a consumer setup (``link_setup``) unless it runs at a speed
+   the user chose.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ log = logging.getLogger(__name__)
 
 SETTINGS_NAME = "settings.json"
 SETTINGS_FORMAT = "seqmoe-chat-settings"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 THEMES = ("system", "light", "dark")
 DEVICES = ("auto", "cuda", "cpu")
 POLICIES = ("seqmoe", "gate", "lru", "full")
 RECENT_MODELS = 8
-DEFAULT_LINK_GBPS = 25.0  # the engine's own default for the emulated link
+DEFAULT_LINK_GBPS = 25.0  # the engine's own default for the emulated link, the fixed speed before version 3
+DEFAULT_LINK_SETUP = "rtx4090-pcie4-olmoe"  # seqmoe.hardware.DEFAULT_SETUP, named here without importing the engine
 DEFAULT_CONTEXT_TOKENS = 4096  # the engine's own default (seqmoe.budget)
 MIN_CONTEXT_TOKENS = 256
 PANEL_HZ = (1, 10)  # the live panel refreshes at most 10 times a second
@@ -47,7 +50,10 @@ class EngineOptions:
     policy: str = "seqmoe"  # the predictor-driven cache; "lru" etc. for comparison
     cache_ratio: float = 0.45
     vram_budget_gb: float | None = None  # when set, the cache is sized by this budget instead of the ratio
-    link_gbps: float = DEFAULT_LINK_GBPS  # the emulated link's speed (machines without a CUDA GPU)
+    # Machines without a CUDA GPU: the emulated link copies an expert in as many layers of decode as
+    # on this consumer setup (seqmoe.hardware.SETUPS), timed when a model loads; None: at link_gbps.
+    link_setup: str | None = DEFAULT_LINK_SETUP
+    link_gbps: float = DEFAULT_LINK_GBPS  # the emulated link's speed when it follows no setup
     horizon: int | None = None  # MoE layers the seqmoe policy forecasts ahead; None: as far as its predictor sees
     context_tokens: int = DEFAULT_CONTEXT_TOKENS  # prompt and reply; the VRAM budget sets aside their KV cache
 
@@ -81,6 +87,8 @@ class EngineOptions:
             options.cache_ratio = defaults.cache_ratio
         if options.vram_budget_gb is not None and not (_is_number(options.vram_budget_gb) and options.vram_budget_gb > 0):
             options.vram_budget_gb = None
+        if options.link_setup is not None and not isinstance(options.link_setup, str):
+            options.link_setup = defaults.link_setup
         if not _is_number(options.link_gbps) or options.link_gbps <= 0:
             options.link_gbps = defaults.link_gbps
         if options.horizon is not None and not (isinstance(options.horizon, int) and options.horizon >= 1):
@@ -141,7 +149,16 @@ def _from_version_1(values: dict[str, Any]) -> dict[str, Any]:
     return {**values, "engine": engine, "panel_hz": DEFAULT_PANEL_HZ}
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_version_1}
+def _from_version_2(values: dict[str, Any]) -> dict[str, Any]:
+    engine = dict(values.get("engine") or {})
+    # Version 2's emulated link ran at a fixed speed, the default one unless the user chose
+    # another: the default now imitates a consumer setup, and a speed of the user's stays.
+    chosen = engine.get("link_gbps", DEFAULT_LINK_GBPS) != DEFAULT_LINK_GBPS
+    engine["link_setup"] = None if chosen else DEFAULT_LINK_SETUP
+    return {**values, "engine": engine}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_version_1, 2: _from_version_2}
 """``MIGRATIONS[n]`` turns the values of schema ``n`` into those of ``n + 1``."""
 
 
