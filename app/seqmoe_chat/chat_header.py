@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
+from .elided_label import ElidedLabel
 from .store import Conversation
 
 PROMPT_PREVIEW_CHARS = 120
@@ -15,12 +16,13 @@ class ChatHeader(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.title = QLabel()
+        # Elided: a long title or prompt must not make the chat's column wider than the window allows.
+        self.title = ElidedLabel()
         font = self.title.font()
         font.setPointSizeF(font.pointSizeF() * 1.2)
         font.setBold(True)
         self.title.setFont(font)
-        self.system_prompt = QLabel()
+        self.system_prompt = ElidedLabel()
         self.system_prompt.setStyleSheet("color: #8a8a8a;")
         self.system_prompt.setTextFormat(Qt.TextFormat.PlainText)
         self.settings_button = QPushButton("Prompt && sampling…")
@@ -36,8 +38,8 @@ class ChatHeader(QWidget):
         layout.addWidget(self.settings_button, 0, Qt.AlignmentFlag.AlignTop)
 
     def show_conversation(self, conversation: Conversation | None) -> None:
-        self.title.setText(conversation.title if conversation else "New chat")
+        self.title.set_full_text(conversation.title if conversation else "New chat")
         prompt = " ".join(conversation.system_prompt.split()) if conversation else ""
         if len(prompt) > PROMPT_PREVIEW_CHARS:
             prompt = prompt[: PROMPT_PREVIEW_CHARS - 1] + "…"
-        self.system_prompt.setText(f"System prompt: {prompt}" if prompt else "No system prompt")
+        self.system_prompt.set_full_text(f"System prompt: {prompt}" if prompt else "No system prompt")

@@ -9,43 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QResizeEvent
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
 
+from .elided_label import ElidedLabel
 from .worker import ModelInfo
 
 DEMO_LABEL = "SeqMoE demo (bundled)"
 _OTHER = "\0other"
-
-
-class ElidedLabel(QLabel):
-    """One line of text that asks for room to show all of it but makes do with less, elided
-    (whole in its tooltip): a long loading stage never widens the toolbar, and with it the
-    window, past the screen."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._full = ""
-
-    def set_full_text(self, text: str) -> None:
-        self._full = text
-        self.setToolTip(text)
-        self._elide()
-        self.updateGeometry()
-
-    def sizeHint(self) -> QSize:
-        return QSize(self.fontMetrics().horizontalAdvance(self._full), super().sizeHint().height())
-
-    def minimumSizeHint(self) -> QSize:
-        return QSize(0, super().minimumSizeHint().height())
-
-    def resizeEvent(self, event: QResizeEvent) -> None:
-        super().resizeEvent(event)
-        self._elide()
-
-    def _elide(self) -> None:
-        self.setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, self.width()))
 
 
 class ModelBar(QWidget):

@@ -136,7 +136,7 @@ def test_the_system_prompt_and_sampling_of_a_conversation_reach_the_engine(qtbot
 
     monkeypatch.setattr(ConversationDialog, "exec", accept)
     qtbot.mouseClick(window.header.settings_button, Qt.MouseButton.LeftButton)
-    assert "Answer like a pirate." in window.header.system_prompt.text()
+    assert "Answer like a pirate." in window.header.system_prompt.toolTip()
     send(qtbot, window, "Ahoy")
     wait_idle(qtbot, window)
     assert backend.prompts[-1][0] == {"role": "system", "content": "Answer like a pirate."}

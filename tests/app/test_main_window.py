@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import Qt
@@ -41,7 +42,7 @@ def test_ctrl_n_starts_a_new_chat_and_the_list_switches_between_chats(qtbot, win
     window.sidebar.list.setCurrentRow(1)
     assert window.session.conversation_id == first
     assert [text for _, text in [(w.message.role, w.body.source_text) for w in window.chat.widgets.values()]][0] == "About cats"
-    assert window.header.title.text() == "About cats"
+    assert window.header.title.toolTip() == "About cats"
 
 
 def test_a_long_title_is_cut_short_in_the_list_without_a_sideways_scroll_bar(qtbot, window) -> None:
@@ -50,6 +51,20 @@ def test_a_long_title_is_cut_short_in_the_list_without_a_sideways_scroll_bar(qtb
     sidebar.resize(200, 400)
     qtbot.waitUntil(lambda: sidebar.list.viewport().width() < 200)
     assert not sidebar.list.horizontalScrollBar().isVisible()
+
+
+def test_a_long_title_or_system_prompt_leaves_the_conversation_list_its_width(qtbot, window) -> None:
+    window.resize(1100, 700)
+    window.show()
+    qtbot.waitExposed(window)
+    before = window.splitter.sizes()
+    chat(qtbot, window, "Write a short poem about the sea, with a list of three things, and then tell me about boats")
+    conversation = window.store.get(window.session.conversation_id)
+    window.header.show_conversation(replace(conversation, system_prompt="Answer in long, winding sentences. " * 3))
+    qtbot.wait(50)
+    assert window.splitter.sizes() == before
+    title = window.header.title
+    assert title.toolTip().startswith("Write a short poem") and title.text() != title.toolTip()  # elided, whole in the tip
 
 
 def test_ctrl_f_searches_titles_and_message_text(qtbot, window) -> None:
@@ -71,7 +86,7 @@ def test_renaming_in_the_list_renames_the_conversation(qtbot, window) -> None:
     conversation_id = chat(qtbot, window, "Untitled thoughts")
     window.sidebar.list.item(0).setText("My notes")
     assert window.store.get(conversation_id).title == "My notes"
-    assert window.header.title.text() == "My notes"
+    assert window.header.title.toolTip() == "My notes"
 
 
 def test_deleting_a_conversation_can_be_undone(qtbot, window) -> None:
