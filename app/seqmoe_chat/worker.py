@@ -97,17 +97,23 @@ def open_engine(model: str, options: EngineOptions, on_progress: Progress) -> En
 def set_link(engine: Engine, options: EngineOptions, on_progress: Progress) -> None:
     """The emulated link at the options' fixed speed, or matched to their setup: a short timed
     run of ``full`` sets the speed at which one expert copy takes as many layers of decode as
-    on that setup. A CUDA device's link is real, and left alone."""
+    on that setup. Where the timing runs had no decode to time (a model that ended both replies
+    at once) the link keeps the fixed speed, as the note in the settings then says. A CUDA
+    device's link is real, and left alone."""
     if engine.link != "emulated":
         return
-    engine.link_gbps = options.link_gbps
-    setup = link_setup(options)
-    if setup is not None:
-        from seqmoe.bench import match_link
-        from seqmoe.hardware import SETUPS
+    from seqmoe import SeqMoEError
+    from seqmoe.bench import match_link
 
-        on_progress("Timing decode to match the emulated link to the setup", LOADING_SHARE)
-        match_link(engine, SETUPS[setup].transfer_to_compute)
+    engine.link_gbps, engine.link_setup = options.link_gbps, None
+    setup = link_setup(options)
+    if setup is None:
+        return
+    on_progress("Timing decode to match the emulated link to the setup", LOADING_SHARE)
+    try:
+        match_link(engine, setup)
+    except SeqMoEError as error:
+        log.warning("the emulated link stays at %s GB/s: %s", options.link_gbps, error)
 
 
 def link_setup(options: EngineOptions) -> str | None:
@@ -128,7 +134,7 @@ def link_changed(info: ModelInfo, options: EngineOptions) -> bool:
     return setup != info.link_setup or (setup is None and options.link_gbps != info.link_gbps)
 
 
-def model_info(engine: Engine, setup: str | None) -> ModelInfo:
+def model_info(engine: Engine) -> ModelInfo:
     host = engine.loaded.host
     return ModelInfo(
         name=engine.loaded.path.name,
@@ -143,7 +149,7 @@ def model_info(engine: Engine, setup: str | None) -> ModelInfo:
         experts_per_layer=host.layout.num_experts,
         link=engine.link,
         link_gbps=engine.link_gbps,
-        link_setup=setup if engine.link == "emulated" else None,
+        link_setup=engine.link_setup,
         predictor_horizon=engine.forecast_horizon,
         max_horizon=engine.max_horizon(),
         context_tokens=engine.context_tokens,
@@ -245,7 +251,7 @@ class EngineWorker(QObject):
             self.sig_load_cancelled.emit(request_id)
             return
         with self._lock:
-            self._engine, self._info = engine, model_info(engine, link_setup(options))
+            self._engine, self._info = engine, model_info(engine)
             for listener in self._listeners:
                 engine.events.subscribe(listener)
         self.sig_model_loaded.emit(request_id, self._info)
@@ -258,7 +264,7 @@ class EngineWorker(QObject):
         engine, info = self._engine, self._info
         if engine is None or info is None:
             return  # the options apply when a model is next loaded
-        before = (engine.policy_name, engine.link_gbps, engine.horizon, engine.cache_slots)
+        before = (engine.policy_name, engine.link_gbps, engine.link_setup, engine.horizon, engine.cache_slots)
         relink = link_changed(info, options)
         try:
             if relink or (engine.policy_name, engine.horizon) != (options.policy, options.horizon):
@@ -271,13 +277,13 @@ class EngineWorker(QObject):
         except Exception as error:  # the model stays usable with the configuration it had
             if not _is_engine_error(error):
                 log.exception("reconfiguring the cache failed")
-            if (engine.policy_name, engine.link_gbps, engine.horizon) != before[:3]:
-                engine.link_gbps, engine.horizon = before[1], before[2]
-                engine.configure(before[0], cache_ratio=before[3] / engine.geometry.total_experts)
-            self._info = model_info(engine, info.link_setup)
+            if (engine.policy_name, engine.link_gbps, engine.link_setup, engine.horizon) != before[:4]:
+                engine.link_gbps, engine.link_setup, engine.horizon = before[1:4]
+                engine.configure(before[0], cache_ratio=before[4] / engine.geometry.total_experts)
+            self._info = model_info(engine)
             self.sig_reconfigure_failed.emit(request_id, describe_error(error), self._info)
             return
-        self._info = model_info(engine, link_setup(options))
+        self._info = model_info(engine)
         self.sig_model_reconfigured.emit(request_id, self._info)
 
     @Slot(int, object, object)

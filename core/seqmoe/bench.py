@@ -23,6 +23,7 @@ from .bound import Access, CopyBound, fewest_copies
 from .engine import Engine, Sampling
 from .errors import SeqMoEError
 from .events import EventBuffer, EventBus, LayerRouted
+from .hardware import SETUPS
 from .policies import ORACLES
 from .stats import GenerationStats
 from .user_files import writing
@@ -138,13 +139,15 @@ MATCH_PROMPTS = 2
 MATCH_TOKENS = 16
 
 
-def match_link(engine: Engine, copy_layers: float, prompts: list[list[int]] | None = None,
+def match_link(engine: Engine, setup: str, prompts: list[list[int]] | None = None,
                max_new_tokens: int = MATCH_TOKENS) -> float:
     """Time ``full``'s decode on ``prompts`` (by default the first built-in ones, as user turns)
-    after a short warm-up, and set the emulated link so that one expert copy takes
-    ``copy_layers`` of its MoE layers; returns the link's speed in GB/s. The engine is left with
-    the ``full`` policy: configure the one wanted next, which builds its copier on this link.
-    These runs are nobody's replies: the event stream's listeners do not see them."""
+    after a short warm-up, and set the emulated link so that one expert copy takes as many of
+    its MoE layers as on ``setup`` (a name of ``SETUPS``); returns the link's speed in GB/s. The
+    engine is left with the ``full`` policy: configure the one wanted next, which builds its
+    copier on this link. These runs are nobody's replies: the event stream's listeners do not
+    see them. A link that could not be timed (no reply went past its first token) is left as it was."""
+    copy_layers = SETUPS[setup].transfer_to_compute
     if engine.link != "emulated":
         raise SeqMoEError(f"only an emulated link can be matched to a setup; this engine copies over {engine.link}")
     if prompts is None:
@@ -155,6 +158,7 @@ def match_link(engine: Engine, copy_layers: float, prompts: list[list[int]] | No
         engine.configure("full")
         engine.generate(prompts[0], Sampling(max_new_tokens=4))  # the first call's one-off setup is no decode
         set_link(engine, full_speed(engine, prompts, Sampling(max_new_tokens=max_new_tokens)), copy_layers)
+        engine.link_setup = setup
     finally:
         engine.events = listened
         engine.configure("full")

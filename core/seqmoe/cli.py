@@ -230,7 +230,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         link_note = (f"emulated link set before every run so that one expert copy = {copy_layers:.2f} x one MoE layer's "
                      f"decode compute of full, measured just before each prompt's run, as for {setup.description}")
         if args.event_overhead:  # measured before the bench, which sets the link for each of its own runs
-            match_link(engine, copy_layers, prompts, args.max_new_tokens)
+            match_link(engine, args.setup, prompts, args.max_new_tokens)
     else:
         link_note = f"{engine.link} link" + (f" {engine.link_gbps} GB/s" if engine.link == "emulated" else "")
     overhead = event_stream_overhead(engine, prompts, ratios[0], args.max_new_tokens) if args.event_overhead else None

@@ -115,6 +115,9 @@ class Engine:
         """Prompt and reply together; the KV cache for them is set aside in a VRAM budget."""
         self.events = EventBus()
         self.link_gbps = link_gbps
+        self.link_setup: str | None = None
+        """The consumer setup (``hardware.SETUPS``) whose copy-to-compute ratio ``bench.match_link``
+        gave the emulated link's ``link_gbps``; ``None`` for a speed given directly."""
         self.link_latency_s = link_latency_us * 1e-6
         element = loaded.host.layout.dtype.itemsize
         self.geometry = CacheGeometry(

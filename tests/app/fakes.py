@@ -82,6 +82,7 @@ class FakeBackend:
         if model in self.refuse:
             raise ModelRefused(f"{model} is not a Mixture-of-Experts model")
         engine = FakeEngine(self, model or "seqmoe-demo")
+        engine.link_setup = options.link_setup  # as if matched (no timing runs: the fake has no decode to time)
         self.engines.append(engine)
         return engine
 
@@ -99,6 +100,7 @@ class FakeEngine:
         self.device = "cpu"
         self.link = "emulated"
         self.link_gbps = 25.0
+        self.link_setup: str | None = None
         self.policy_name = "lru"
         self.context_tokens = 4096
         self.context_at_model_limit = False

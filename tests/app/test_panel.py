@@ -48,7 +48,7 @@ def recorded():
     buffer = EventBuffer()
     engine.events.subscribe(buffer)
     result = engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=12))
-    info = model_info(engine, setup=None)
+    info = model_info(engine)
     engine.close()
     return buffer.drain(), info, result.stats
 

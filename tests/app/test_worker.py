@@ -8,6 +8,7 @@ import weakref
 from pathlib import Path
 
 import pytest
+from seqmoe.errors import SeqMoEError
 from seqmoe.hardware import DEFAULT_SETUP
 
 from seqmoe_chat.store import EngineOptions, SamplingSettings
@@ -177,3 +178,20 @@ def test_a_setup_this_version_does_not_know_is_the_default_one() -> None:
     assert link_setup(EngineOptions(link_setup="rtx6090-pcie6-olmoe")) == DEFAULT_SETUP == DEFAULT_LINK_SETUP
     assert link_setup(EngineOptions(link_setup="rtx4060laptop-pcie4x8-olmoe")) == "rtx4060laptop-pcie4x8-olmoe"
     assert link_setup(EngineOptions(link_setup=None)) is None
+
+
+def test_a_link_that_cannot_be_timed_keeps_the_fixed_speed_and_the_model_loads(
+    worker: EngineWorker, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import seqmoe.bench
+
+    def no_decode(*_args: object, **_kwargs: object) -> float:
+        raise SeqMoEError("no reply went past its first token, so there is no decode to time; give other prompts")
+
+    monkeypatch.setattr(seqmoe.bench, "match_link", no_decode)
+    recorder = Recorder(worker)
+    worker.load(1, str(tiny_model), EngineOptions(cache_ratio=0.5, link_gbps=3.0))
+    ((_, info),) = recorder.of("sig_model_loaded")
+    assert (info.link_setup, info.link_gbps) == (None, 3.0)
+    worker.generate(2, [{"role": "user", "content": "Hi!"}], GREEDY)
+    assert recorder.of("sig_reply_finished")

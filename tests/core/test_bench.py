@@ -13,6 +13,7 @@ from seqmoe import Engine, Sampling, load_model
 from seqmoe.bench import emulated_copy_seconds, full_speed, layer_seconds, match_link, run_bench, wrapped
 from seqmoe.cli import main
 from seqmoe.errors import SeqMoEError
+from seqmoe.hardware import DEFAULT_SETUP
 
 ROW_KEYS = {
     "policy", "cache_ratio", "cache_slots", "tokens_per_s", "ratio_to_full", "hit_rate", "stall_seconds_per_token",
@@ -104,6 +105,10 @@ def test_a_reply_that_ends_at_its_first_token_is_benched_with_the_others(mixtral
     longer = next(p for p in others if len(engine.generate(p, Sampling(max_new_tokens=6)).token_ids) == 6)
     with pytest.raises(SeqMoEError, match="no decode to time"):
         run_bench(engine, [short], ["lru"], [0.5], 6, copy_layers=2.0)
+    gbps = engine.link_gbps
+    with pytest.raises(SeqMoEError, match="no decode to time"):
+        match_link(engine, DEFAULT_SETUP, [short])
+    assert (engine.link_gbps, engine.link_setup) == (gbps, None), "a link that could not be timed stays as it was"
     result = run_bench(engine, [short, longer], ["lru"], [0.5], 6, copy_layers=2.0)
     full, lru = result.rows
     assert lru.same_tokens and lru.totals.decode_tokens == 5
@@ -119,10 +124,10 @@ def test_a_link_matched_to_a_setup_copies_in_its_layers_of_full_decode_unseen_by
     engine = Engine(load_model(str(mixtral_dir), device="cpu"), link_gbps=25.0)
     seen: list = []
     engine.events.subscribe(seen.append)
-    gbps = match_link(engine, 4.0)
+    gbps = match_link(engine, DEFAULT_SETUP)
     assert seen == [], "the timing runs are nobody's replies"
-    assert engine.policy_name == "full" and engine.link_gbps == gbps < 25.0
-    # One copy takes 4 layers of full's decode, timed again here (wide bounds: a shared machine's speed drifts).
+    assert engine.policy_name == "full" and engine.link_gbps == gbps < 25.0 and engine.link_setup == DEFAULT_SETUP
+    # One copy takes the setup's 3.94 layers of full's decode, timed again here (wide bounds: a shared machine's speed drifts).
     full = full_speed(engine, [[5, 17, 42], [20, 23, 27, 31]], Sampling(max_new_tokens=6))
     assert 1.0 < emulated_copy_seconds(engine) / layer_seconds(full, engine.loaded.host.num_layers) < 16.0
     engine.configure("lru", cache_ratio=0.5)
@@ -130,7 +135,7 @@ def test_a_link_matched_to_a_setup_copies_in_its_layers_of_full_decode_unseen_by
     assert seen, "the listeners hear the replies after it"
     engine.close()
     with pytest.raises(SeqMoEError, match="only an emulated link"):
-        match_link(SimpleNamespace(link="cuda"), 4.0)
+        match_link(SimpleNamespace(link="cuda"), DEFAULT_SETUP)
 
 
 def test_the_plot_title_keeps_its_lines_apart() -> None:
