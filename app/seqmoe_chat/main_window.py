@@ -86,7 +86,7 @@ class MainWindow(QMainWindow):
         self.models = ModelManager(context.data_dir, self._model_in_use, parent=self)
         self._models_dialog: ModelsDialog | None = None
         self._load_id: int | None = None
-        self._reply_started = 0.0
+        self._speed_from: tuple[int, float] | None = None  # tokens and time of the reply's first streamed text
         self._model = self.settings.model if model is None else model
         self.model_bar.set_models(self.settings.recent_models, self._model)
         self._build_actions()
@@ -276,7 +276,12 @@ class MainWindow(QMainWindow):
 
     def _on_reply_streamed(self, message_id: int, text: str, tokens: int) -> None:
         self.chat.stream(message_id, text)
-        self.status.show_speed(tokens, time.monotonic() - self._reply_started)
+        now = time.monotonic()
+        # Timed from the first text on, as the finished reply's speed is from its first token.
+        if self._speed_from is None:
+            self._speed_from = (tokens, now)
+        else:
+            self.status.show_speed(tokens - self._speed_from[0], now - self._speed_from[1])
 
     def _on_message_changed(self, message: Message) -> None:
         self.chat.update_message(message)
@@ -287,7 +292,7 @@ class MainWindow(QMainWindow):
         self.chat.set_busy(busy)
         self.action_stop.setEnabled(busy)
         if busy:
-            self._reply_started = time.monotonic()
+            self._speed_from = None
 
     # Export and import
 

@@ -20,6 +20,7 @@ from .application import create_application, garbage_collected_on_this_thread, o
 from .main_window import MainWindow
 from .store.records import DONE
 from .transcripts.export import write_export
+from .transcripts.reply_stats import generating
 from .transcripts.transcript import load_transcripts
 
 MESSAGE = "Hello! What do you like to do on weekends?"
@@ -88,8 +89,9 @@ def _chat_in_window(folder: Path, model: str | None) -> str:
         if MESSAGE not in text or reply.content.strip() not in text:
             raise SelfTestFailed("the Markdown export lacks the message or the reply")
         stats = reply.stats
+        speed, _hit_rate = generating(stats)
         return (
-            f"{info.name} on {info.device}: {stats['tokens']} tokens at {stats['tokens_per_s']:.1f} tok/s, "
+            f"{info.name} on {info.device}: {stats['tokens']} tokens at {speed:.1f} tok/s, "
             f"first token after {stats['time_to_first_token']:.2f} s, "
             f"longest GUI stall {stats['gui_stall_ms']:.0f} ms, export checked"
         )

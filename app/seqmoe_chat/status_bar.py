@@ -6,6 +6,7 @@ from typing import Any
 
 from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
 
+from .transcripts.reply_stats import generating
 from .worker import ModelInfo
 
 
@@ -40,11 +41,12 @@ class StatusBar(QStatusBar):
     def show_reply_stats(self, stats: dict[str, Any]) -> None:
         if not stats:
             return
-        self.speed.setText(f"{stats.get('tokens_per_s', 0.0):.1f} tok/s")
+        speed, hit_rate = generating(stats)
+        self.speed.setText(f"{speed or 0.0:.1f} tok/s")
         self.speed.setToolTip(
-            f"{stats.get('tokens', 0)} tokens, first after {stats.get('time_to_first_token', 0.0):.2f} s; "
-            f"longest pause of the window while generating: {stats.get('gui_stall_ms', 0.0):.0f} ms"
+            f"{stats.get('tokens', 0)} tokens, first after {stats.get('time_to_first_token', 0.0):.2f} s, "
+            f"the rest at this speed; longest pause of the window while generating: {stats.get('gui_stall_ms', 0.0):.0f} ms"
         )
-        self.hit_rate.setText(f"hit rate {stats.get('hit_rate', 0.0):.1%}")
-        self.hit_rate.setToolTip(f"expert cache: {stats.get('hits', 0)} hits, {stats.get('misses', 0)} misses, "
-                                 f"stalls {stats.get('stall_seconds', 0.0):.3f} s")
+        self.hit_rate.setText(f"hit rate {hit_rate or 0.0:.1%}")
+        self.hit_rate.setToolTip(f"expert cache while generating; the whole reply with its prompt: {stats.get('hits', 0)} "
+                                 f"hits, {stats.get('misses', 0)} misses, stalls {stats.get('stall_seconds', 0.0):.3f} s")

@@ -27,6 +27,7 @@ from seqmoe.resources import demo_model_dir
 
 from seqmoe_chat.panel import memory_monitor
 from seqmoe_chat.panel.cache_map import STATE_COLOURS
+from seqmoe_chat.panel.counters import CountersView
 from seqmoe_chat.panel.forecast_view import NO_FORECAST_COLOUR, ForecastView
 from seqmoe_chat.panel.memory_monitor import NO_NVML, MemoryMonitor, MemorySample
 from seqmoe_chat.panel.telemetry_model import CELL_STATES, TelemetryModel
@@ -62,6 +63,8 @@ def test_the_folded_stream_agrees_with_the_engine_statistics(recorded) -> None:
     counters = model.counters
     assert model.generations == 1
     assert (counters.tokens, counters.hits, counters.misses) == (stats.tokens, stats.hits, stats.misses)
+    assert (counters.decode_hits, counters.decode_misses) == (stats.decode_hits, stats.decode_misses)
+    assert counters.decode_hit_rate == pytest.approx(stats.decode_hit_rate) and counters.decode_tokens_per_s > 0
     assert counters.copies * info.geometry.bytes_per_expert == stats.h2d_bytes
     assert counters.prefetch_copies == stats.prefetch_issued and counters.prefetch_unused == stats.prefetch_unused
     assert counters.stall_seconds == pytest.approx(stats.stall_seconds, rel=1e-6)
@@ -76,6 +79,19 @@ def test_the_folded_stream_agrees_with_the_engine_statistics(recorded) -> None:
     assert cells["in use"] >= 1
     summary = json.loads(json.dumps(model.summary()))
     assert summary["counters"]["tokens"] == stats.tokens
+
+
+def test_the_replys_speed_and_hit_rate_are_those_of_generating_with_the_prompts_apart(qtbot) -> None:
+    model = TelemetryModel(num_layers=2, num_experts=4, bytes_per_expert=10)
+    view = CountersView()
+    qtbot.addWidget(view)
+    # The prompt misses all three experts it routes (0.5 s), then two decode tokens in 0.1 s hit 3 of 4.
+    model.fold([LayerRouted(0, (0, 1), (0, 1), True), LayerRouted(1, (2,), (2,), True), TokenGenerated(0, 7, 0.5),
+                LayerRouted(0, (0,), (), False), LayerRouted(1, (3,), (3,), False), TokenGenerated(1, 8, 0.55),
+                LayerRouted(0, (1,), (), False), LayerRouted(1, (2,), (), False), TokenGenerated(2, 9, 0.6)])
+    view.show_model(model, None)
+    assert view.values["tokens/s"] == "20.0 (3 tokens, the first after 0.50 s)"
+    assert view.values["hit rate"] == "75.0% (3 hits, 1 misses; with the prompt 42.9%)"
 
 
 def test_a_new_generation_resets_the_counters_but_keeps_the_cache_map(recorded) -> None:

@@ -52,6 +52,16 @@ def test_a_reply_cut_by_a_full_context_says_so_in_its_line() -> None:
     assert "context" not in stats_line({**STATS, "context_full": False})
 
 
+def test_a_replys_line_gives_the_speed_and_hit_rate_of_generating_when_the_stats_have_them() -> None:
+    from seqmoe_chat.transcripts.reply_stats import stats_line
+
+    decoded = {**STATS, "decode_tokens_per_s": 40.0, "decode_hit_rate": 0.99}
+    assert stats_line(decoded).startswith("42 tokens · 40.0 tok/s · first token 0.21 s · hit rate 99.0%")
+    # One token is all prompt: its whole figures; as are those stored before the decode ones were.
+    assert stats_line({**decoded, "tokens": 1}).startswith("1 token · 31.2 tok/s · first token 0.21 s · hit rate 96.9%")
+    assert "31.2 tok/s" in stats_line(STATS)
+
+
 def test_html_is_self_contained_escaped_and_highlights_code(store: ConversationStore, conversation_id: int) -> None:
     html = render(load_transcripts(store, [conversation_id]), "html")
     assert html.startswith("<!DOCTYPE html>") and "<style>" in html and "@media print" in html

@@ -10,6 +10,8 @@ from .text_rows import TextRows
 
 ROWS = ("tokens/s", "hit rate", "prefetch precision", "unused prefetches", "PCIe", "time stalled")
 TOOLTIPS = {
+    "tokens/s": "Generating, after the first token; the first one's wait is mostly reading the prompt",
+    "hit rate": "Experts found in the cache while generating; reading the prompt streams most of them in",
     "prefetch precision": "Prefetched experts that a layer then used, per prefetch copied",
     "unused prefetches": "Prefetched experts evicted before any layer used them",
     "PCIe": "Host-to-device copies: NVML's measurement on a GPU, else the engine's own copies",
@@ -29,10 +31,12 @@ class CountersView(TextRows):
             self.set_values(dict.fromkeys(ROWS, "–"))
             return
         counters = model.counters
-        speed = counters.tokens_per_s
+        speed, first = counters.decode_tokens_per_s, counters.first_token_seconds
         self.set_values({
-            "tokens/s": "–" if speed is None else f"{speed:.1f} ({counters.tokens} tokens)",
-            "hit rate": f"{_share(counters.hit_rate)} ({counters.hits} hits, {counters.misses} misses)",
+            "tokens/s": "–" if speed is None or first is None
+                        else f"{speed:.1f} ({counters.tokens} tokens, the first after {first:.2f} s)",
+            "hit rate": f"{_share(counters.decode_hit_rate)} ({counters.decode_hits} hits, {counters.decode_misses} misses; "
+                        f"with the prompt {_share(counters.hit_rate)})",
             "prefetch precision": f"{_share(counters.prefetch_precision)} "
                                   f"({counters.prefetch_used} of {counters.prefetch_copies})",
             "unused prefetches": str(counters.prefetch_unused),

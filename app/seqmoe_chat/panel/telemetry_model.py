@@ -55,8 +55,11 @@ class Counters:
 
     tokens: int = 0
     seconds: float = 0.0  # from the start of the generation to its latest token
-    hits: int = 0
+    first_token_seconds: float | None = None
+    hits: int = 0  # prompt and reply
     misses: int = 0
+    decode_hits: int = 0  # generating, after the first token
+    decode_misses: int = 0
     prefetch_issued: int = 0
     prefetch_cancelled: int = 0
     prefetch_completed: int = 0
@@ -70,9 +73,21 @@ class Counters:
         return self.tokens / self.seconds if self.seconds > 0 else None
 
     @property
+    def decode_tokens_per_s(self) -> float | None:
+        """After the first token, as the reply's own figures (``reply_stats.generating``)."""
+        if self.first_token_seconds is None or self.tokens < 2 or self.seconds <= self.first_token_seconds:
+            return None
+        return (self.tokens - 1) / (self.seconds - self.first_token_seconds)
+
+    @property
     def hit_rate(self) -> float | None:
         accesses = self.hits + self.misses
         return self.hits / accesses if accesses else None
+
+    @property
+    def decode_hit_rate(self) -> float | None:
+        accesses = self.decode_hits + self.decode_misses
+        return self.decode_hits / accesses if accesses else None
 
     @property
     def prefetch_copies(self) -> int:
@@ -189,7 +204,9 @@ class TelemetryModel:
             "experts_per_layer": self.num_experts,
             "counters": asdict(counters),
             "tokens_per_s": counters.tokens_per_s,
+            "decode_tokens_per_s": counters.decode_tokens_per_s,
             "hit_rate": counters.hit_rate,
+            "decode_hit_rate": counters.decode_hit_rate,
             "prefetch_precision": counters.prefetch_precision,
             "engine_bytes_per_s": self.engine_bytes_per_s(),
             "recall_at_k": {str(h): tally.recall for h, tally in sorted(self.recall.items())},
@@ -226,6 +243,9 @@ class TelemetryModel:
             if key in self._outstanding:
                 self._outstanding.discard(key)
                 counters.prefetch_used += 1
+        if not event.prefill:
+            counters.decode_hits += len(event.experts) - len(event.missed)
+            counters.decode_misses += len(event.missed)
         if event.prefill:
             # Prefill streams whole layers instead of forecasting; what was forecast before is void.
             self._pending.clear()
@@ -289,6 +309,8 @@ class TelemetryModel:
         self._in_prefill = False
         self.counters.tokens = event.index + 1
         self.counters.seconds = event.seconds
+        if event.index == 0:
+            self.counters.first_token_seconds = event.seconds
         self._token = event.index + 1
         self._grow_timeline(self._token)
 
