@@ -309,7 +309,7 @@ class EngineWorker(QObject):
             prompt = _fit_context(engine, messages, sampling.max_new_tokens)
             result = engine.generate(
                 prompt, _engine_sampling(sampling), on_token=on_token,
-                should_stop=lambda: self._cancelled(request_id),
+                should_stop=lambda: self._cancelled(request_id), keep_context=True,
             )
         except Exception as error:  # a failed reply must leave the worker ready for the next
             if not _is_engine_error(error):

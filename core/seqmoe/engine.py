@@ -33,6 +33,7 @@ from .budget import (
 from .cache import ExpertCache
 from .errors import BudgetTooSmall, ModelCodeFailed, SeqMoEError
 from .events import EventBus, TokenGenerated
+from .kept_context import KeptContext
 from .loader import LoadedModel
 from .routers import RouterLogits, router_logits
 from .policies import (
@@ -136,6 +137,7 @@ class Engine:
         self._loaded_predictor: ExpertPredictor | None = None
         self.cache: ExpertCache | None = None
         self._copier: Copier | None = None
+        self._kept: KeptContext | None = None
         self._resident_accesses: torch.Tensor | None = None
         loaded.model.set_experts_implementation(experts_impl.IMPLEMENTATION)
         experts_impl.follow_decode_switch(
@@ -356,12 +358,19 @@ class Engine:
         sampling: Sampling,
         on_token: Callable[[int], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        keep_context: bool = False,
     ) -> GenerationResult:
+        """Continue ``prompt_ids``. With ``keep_context`` (a chat's turns), the KV cache of the
+        previous generation, if that one kept it too, serves the prompt's tokens it holds, and
+        this generation's is kept for the next (``kept_context.KeptContext``); any other call
+        forgets it."""
         if not prompt_ids:
             raise SeqMoEError("the prompt is empty: there is nothing to continue")
         room = self.reply_room(prompt_ids)
         if self.policy_name == "none":
             self.configure()
+        kept, self._kept = self._kept, None
+        reused = kept.reuse_for(prompt_ids) if kept is not None and keep_context else 0
         before = self._counters()
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
@@ -382,6 +391,8 @@ class Engine:
                 top_k=None,
                 streamer=streamer,
                 stopping_criteria=stopping,
+                cache=kept.cache if reused else None,
+                return_dict_in_generate=True,
                 **_one_token_a_step(),
                 pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
             )
@@ -406,7 +417,10 @@ class Engine:
                 self.cache.end_of_generation()
         after = self._counters()
         counts = {key: after[key] - before[key] for key in after}
-        token_ids = output[0, len(prompt_ids) :].tolist()
+        sequence = output.sequences[0].tolist()
+        token_ids = sequence[len(prompt_ids) :]
+        if keep_context:
+            self._kept = KeptContext.after(output.cache, sequence)
         stats = GenerationStats(
             tokens=len(token_ids),
             seconds=seconds,
@@ -420,6 +434,7 @@ class Engine:
             device=str(self.device),
             link=self.link,
             prompt_tokens=len(prompt_ids),
+            reused_prompt_tokens=reused,
             time_to_first_token=(streamer.first_token_at or seconds + start) - start,
             context_full=len(token_ids) == room < sampling.max_new_tokens,
         )
@@ -427,6 +442,7 @@ class Engine:
         return GenerationResult(token_ids=token_ids, text=text, prompt_tokens=len(prompt_ids), stats=stats)
 
     def close(self) -> None:
+        self._kept = None
         self._teardown()
 
     def _counters(self) -> dict[str, float]:

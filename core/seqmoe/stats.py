@@ -19,6 +19,8 @@ class GenerationStats:
     device: str
     link: str
     prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0
+    """The prompt's first tokens whose keys and values the previous reply's cache held (no prefill)."""
     time_to_first_token: float = 0.0
     prefill_h2d_bytes: int = 0
     decode_h2d_bytes: int = 0

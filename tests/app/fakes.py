@@ -143,7 +143,7 @@ class FakeEngine:
         self.backend.prompts.append(messages)
         return list(range(sum(len(m["content"]) for m in messages)))
 
-    def generate(self, prompt_ids, sampling, on_token=None, should_stop=None) -> SimpleNamespace:
+    def generate(self, prompt_ids, sampling, on_token=None, should_stop=None, keep_context=False) -> SimpleNamespace:
         backend = self.backend
         backend.samplings.append(sampling)
         text = "\n\n".join([reply_for(backend.prompts[-1])] * backend.repeat)

@@ -195,3 +195,15 @@ def test_a_link_that_cannot_be_timed_keeps_the_fixed_speed_and_the_model_loads(
     assert (info.link_setup, info.link_gbps) == (None, 3.0)
     worker.generate(2, [{"role": "user", "content": "Hi!"}], GREEDY)
     assert recorder.of("sig_reply_finished")
+
+
+def test_a_chats_next_reply_reads_only_the_new_turn(worker: EngineWorker, tiny_model: Path) -> None:
+    recorder = Recorder(worker)
+    worker.load(1, str(tiny_model), EngineOptions(cache_ratio=0.5, link_setup=None))
+    messages = [{"role": "user", "content": "Hi!"}]
+    worker.generate(2, messages, GREEDY)
+    ((_, first),) = recorder.of("sig_reply_finished")
+    worker.generate(3, [*messages, {"role": "assistant", "content": first.text}, {"role": "user", "content": "And?"}], GREEDY)
+    second = recorder.of("sig_reply_finished")[1][1]
+    assert first.stats["reused_prompt_tokens"] == 0
+    assert first.stats["prompt_tokens"] <= second.stats["reused_prompt_tokens"] < second.stats["prompt_tokens"]
