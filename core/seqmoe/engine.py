@@ -433,6 +433,8 @@ class Engine:
             policy=self.policy_name,
             device=str(self.device),
             link=self.link,
+            link_setup=self.link_setup,
+            link_gbps=self.link_gbps if self.link == "emulated" else None,
             prompt_tokens=len(prompt_ids),
             reused_prompt_tokens=reused,
             time_to_first_token=(streamer.first_token_at or seconds + start) - start,

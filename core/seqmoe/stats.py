@@ -18,6 +18,10 @@ class GenerationStats:
     policy: str
     device: str
     link: str
+    link_setup: str | None = None
+    """The consumer setup the emulated link was matched to (``Engine.link_setup``)."""
+    link_gbps: float | None = None
+    """The emulated link's speed; None on a real link."""
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0
     """The prompt's first tokens whose keys and values the previous reply's cache held (no prefill)."""

@@ -17,8 +17,9 @@ from seqmoe_chat.engine_client import EngineClient
 from seqmoe_chat.engine_settings import EngineContext, context_text, engine_context, horizon_text, link_text
 from seqmoe_chat.panel.memory_monitor import GpuMemory, MemorySample
 from seqmoe_chat.settings_dialog import SettingsDialog
-from seqmoe_chat.store import EngineOptions, SamplingSettings, Settings
-from seqmoe_chat.store.speed_history import expected_speed
+from seqmoe_chat.store import ConversationStore, EngineOptions, SamplingSettings, Settings, open_database
+from seqmoe_chat.store.records import ASSISTANT, DONE
+from seqmoe_chat.store.speed_history import expected_speed, measured_speeds
 from seqmoe_chat.worker import ModelInfo
 
 from .test_chat import send, wait_idle
@@ -110,6 +111,28 @@ def test_the_link_note_says_what_the_emulated_link_runs_at() -> None:
     assert link_text(replace(emulated, link_setup=None)) == "test-moe copies at the fixed speed"
     assert link_text(MODEL) == "unused: test-moe copies over cuda"
     assert link_text(None) == "shown once a model is loaded"
+
+
+def test_measured_speeds_count_only_replies_on_the_same_link(tmp_path) -> None:
+    store = ConversationStore(open_database(tmp_path / "chats.sqlite3").connection)
+    conversation = store.create()
+    base = {"policy": "seqmoe", "device": "cpu", "link": "emulated"}
+    replies = [  # oldest first
+        ({**base, "cache_slots": 10, "decode_tokens_per_s": 50.0}, "demo"),  # stored before the link was recorded
+        ({**base, "cache_slots": 10, "decode_tokens_per_s": 60.0, "link_setup": None, "link_gbps": 25.0}, "demo"),
+        ({**base, "cache_slots": 10, "decode_tokens_per_s": 20.0, "link_setup": DEFAULT_SETUP, "link_gbps": 0.013}, "demo"),
+        ({**base, "cache_slots": 20, "decode_tokens_per_s": 30.0, "link_setup": DEFAULT_SETUP, "link_gbps": 0.017}, "demo"),
+        ({**base, "cache_slots": 20, "decode_tokens_per_s": 99.0, "link_setup": DEFAULT_SETUP}, "other-model"),
+    ]
+    for stats, model_id in replies:
+        message = store.add_message(conversation.id, None, ASSISTANT, "", DONE)
+        store.update_message(message.id, stats=stats, model_id=model_id)
+    chats = store.connection
+    # Matched to the same setup: its speed follows the machine's, so any of them counts.
+    assert measured_speeds(chats, "demo", "seqmoe", "cpu", DEFAULT_SETUP, 0.015) == {10: 20.0, 20: 30.0}
+    assert measured_speeds(chats, "demo", "seqmoe", "cpu", None, 25.0) == {10: 60.0}
+    assert measured_speeds(chats, "demo", "seqmoe", "cpu", None, 2.5) == {}
+    assert measured_speeds(chats, "demo", "gate", "cpu", DEFAULT_SETUP, 0.015) == {}
 
 
 def test_expected_speed_from_measurements() -> None:

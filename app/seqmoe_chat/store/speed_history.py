@@ -19,8 +19,14 @@ class SpeedEstimate:
     basis: str  # how it was found, for people
 
 
-def measured_speeds(connection: sqlite3.Connection, model_id: str, policy: str, device: str) -> dict[int, float]:
-    """Decode tokens/s by cache slots for ``model_id`` with ``policy`` on ``device``; the newest reply wins."""
+def measured_speeds(
+    connection: sqlite3.Connection, model_id: str, policy: str, device: str,
+    link_setup: str | None = None, link_gbps: float | None = None,
+) -> dict[int, float]:
+    """Decode tokens/s by cache slots for ``model_id`` with ``policy`` on ``device``; the newest reply wins.
+    On an emulated link only replies on the same one count: matched to the same setup (whose
+    speed follows the machine's), else at the same fixed speed; replies stored before the link
+    was recorded do not."""
     rows = connection.execute(
         "SELECT stats FROM messages WHERE role = ? AND state = ? AND model_id = ? ORDER BY id DESC LIMIT ?",
         (ASSISTANT, DONE, model_id, RECENT_REPLIES),
@@ -30,9 +36,18 @@ def measured_speeds(connection: sqlite3.Connection, model_id: str, policy: str, 
         stats = json.loads(text)
         speed = stats.get("decode_tokens_per_s") or stats.get("tokens_per_s")
         slots = stats.get("cache_slots")
-        if stats.get("policy") == policy and stats.get("device") == device and speed and isinstance(slots, int):
+        if (stats.get("policy") == policy and stats.get("device") == device and speed and isinstance(slots, int)
+                and _same_link(stats, link_setup, link_gbps)):
             speeds.setdefault(slots, float(speed))
     return speeds
+
+
+def _same_link(stats: dict, link_setup: str | None, link_gbps: float | None) -> bool:
+    if stats.get("link") != "emulated":
+        return True
+    if link_setup is not None:
+        return stats.get("link_setup") == link_setup
+    return "link_setup" in stats and stats["link_setup"] is None and stats.get("link_gbps") == link_gbps
 
 
 def expected_speed(speeds: dict[int, float], slots: int) -> SpeedEstimate | None:
