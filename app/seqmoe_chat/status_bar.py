@@ -43,8 +43,11 @@ class StatusBar(QStatusBar):
             return
         speed, hit_rate = generating(stats)
         self.speed.setText(f"{speed or 0.0:.1f} tok/s")
+        reused = stats.get("reused_prompt_tokens", 0)
+        prompt = (f" (of the prompt's {stats.get('prompt_tokens', 0)} tokens, {reused} came with the last reply's "
+                  f"cache)" if reused else "")
         self.speed.setToolTip(
-            f"{stats.get('tokens', 0)} tokens, first after {stats.get('time_to_first_token', 0.0):.2f} s, "
+            f"{stats.get('tokens', 0)} tokens, first after {stats.get('time_to_first_token', 0.0):.2f} s{prompt}, "
             f"the rest at this speed; longest pause of the window while generating: {stats.get('gui_stall_ms', 0.0):.0f} ms"
         )
         self.hit_rate.setText(f"hit rate {hit_rate or 0.0:.1%}")

@@ -37,6 +37,9 @@ def test_the_window_chats_with_the_real_engine(qtbot, tiny_model: Path, data_dir
     stats = thread[-1].message.stats
     assert stats["tokens"] > 0 and stats["policy"] == "seqmoe" and thread[-1].message.model_id == "tiny-qwen3-moe"
     assert "tok/s" in list(window.chat.widgets.values())[-1].note.text()
+    # The second turn read only what the first reply's KV cache lacked, and the status bar says so.
+    assert 0 < stats["reused_prompt_tokens"] < stats["prompt_tokens"]
+    assert f"{stats['reused_prompt_tokens']} came with the last reply's cache" in window.status.speed.toolTip()
     print(f"\nreal engine, tiny model: first token {stats['time_to_first_token'] * 1000:.0f} ms, "
           f"{stats['tokens_per_s']:.1f} tok/s, longest GUI stall {stats['gui_stall_ms']:.0f} ms")
     assert stats["gui_stall_ms"] < STALL_LIMIT_MS
