@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (with --temperature)")
     generate.add_argument("--seed", type=int, help="random seed for sampling")
     generate.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    generate.add_argument("--setup", choices=sorted(SETUPS),
+                          help="match the emulated link to this consumer setup's copy/compute ratio, timed with full "
+                               "before the reply, as the app does (instead of --link-gbps)")
 
     bench = commands.add_parser("bench", help="compare cache policies' decode speed against full residency")
     add_model_arguments(bench)
@@ -158,6 +161,12 @@ def run_generate(args: argparse.Namespace) -> int:
     from .engine import Sampling
 
     engine = load_engine(args)
+    if args.setup is not None:
+        from .bench import match_link
+
+        if args.link_gbps is not None:
+            raise SeqMoEError("give --setup or --link-gbps, not both: a setup sets the link's speed")
+        match_link(engine, args.setup)
     engine.configure(args.policy, cache_ratio=args.cache_ratio, vram_budget_gb=args.vram_budget)
     greedy = args.temperature in (None, 0.0)  # temperature 0: the most likely token, as greedy decoding
     sampling = Sampling(

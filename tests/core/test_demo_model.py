@@ -82,3 +82,15 @@ def test_generate_without_model_chats_with_the_demo_offline(capsys: pytest.Captu
     result = json.loads(capsys.readouterr().out)
     assert result["text"].strip() and result["stats"]["policy"] == "seqmoe"  # the app's default too
     assert result["stats"]["cache_ratio"] == pytest.approx(0.45, abs=0.01)
+    assert (result["stats"]["link_setup"], result["stats"]["link_gbps"]) == (None, 25.0)
+
+
+def test_generate_can_match_the_emulated_link_to_a_setup_as_the_app_does(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["generate", "--prompt", "Hello!", "--max-new-tokens", "4", "--device", "cpu", "--json",
+            "--setup", "rtx4060laptop-pcie4x8-olmoe"]
+    assert main(args) == 0
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    # A demo expert over a link matched to a few of the demo's layers of decode: far below the default 25 GB/s.
+    assert stats["link_setup"] == "rtx4060laptop-pcie4x8-olmoe" and stats["link_gbps"] < 1.0
+    assert main([*args, "--link-gbps", "3"]) == 2
+    assert "give --setup or --link-gbps, not both" in capsys.readouterr().err
