@@ -36,8 +36,6 @@ BUILT_IN_PROMPTS = [
 ]
 
 
-
-
 @dataclass
 class Totals:
     """Statistics of one policy at one cache ratio, summed over the prompts."""
