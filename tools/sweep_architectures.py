@@ -11,11 +11,13 @@ models a full-attention layer among their first layers, ZAYA1 one expert a token
 size names, Kolibri 1.1 layers that share their K/V, Qwen4-exp its indexer's sizes), so a few
 variants are tried in turn until transformers itself can generate. One line per model type:
 
-    same      the engine's tokens equal transformers' under full, lru, gate and seqmoe; with the
-              share of the chosen experts that the gate's look-ahead ranks in its top-k, given each
-              layer's own input (under 100%: a router fed another input than its experts, state
-              in the choice, or the wrong router)
-    DIFFERENT the policies whose tokens differ (a bug)
+    same      the engine's tokens equal transformers' under full, lru, gate and seqmoe, and a
+              chat's second turn on the first's kept KV cache replies as a fresh prefill does; with
+              the share of the chosen experts that the gate's look-ahead ranks in its top-k, given
+              each layer's own input (under 100%: a router fed another input than its experts, state
+              in the choice, or the wrong router), and how many prompt tokens the second turn reused
+              (none: a cache that cannot be cut back, read afresh)
+    DIFFERENT the policies whose tokens differ, or the second turn (a bug)
     refused   the engine's one-line reason (an MoE outside the experts interface)
     CRASH     the engine raised something other than its own refusal (a bug)
     not built transformers could not build or run the tiny model (a limit of this sweep)
@@ -31,6 +33,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from seqmoe import Engine, Sampling
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,13 +150,29 @@ def sweep_one(model_type: str, workdir: Path) -> dict[str, object]:
             if engine.generate(PROMPT, greedy).token_ids != expected:
                 different.append(f"{policy}@{minimum if ratio is None else ratio:.2f}")
         agreement = router_agreement(engine.loaded)
+        same_turn, reused = second_turn(engine, greedy)
+        if not same_turn:
+            different.append("a second turn on the kept context")
     except Exception as error:
         return {"result": "CRASH", "why": f"{type(error).__name__}: {error}"}
     finally:
         engine.close()
     if different:
         return {"result": "DIFFERENT", "why": ", ".join(different)}
-    return {"result": "same", "why": f"the look-ahead's top-k holds {agreement:.0%} of the choice"}
+    kept = f"the second turn reused {reused} prompt tokens" if reused else "the second turn read its prompt afresh"
+    return {"result": "same", "why": f"the look-ahead's top-k holds {agreement:.0%} of the choice; {kept}"}
+
+
+def second_turn(engine: Engine, greedy: Sampling) -> tuple[bool, int]:
+    """A chat's second turn on the first's kept KV cache (as the app sends it): whether its reply
+    equals a fresh prefill's, and how many of its prompt tokens the kept cache held."""
+    from tests.core.test_equivalence import PROMPT
+
+    engine.configure("lru", cache_ratio=0.5)
+    first = engine.generate(PROMPT, greedy, keep_context=True)
+    prompt = PROMPT + first.token_ids + [9, 11, 13]
+    kept = engine.generate(prompt, greedy, keep_context=True)
+    return kept.token_ids == engine.generate(prompt, greedy).token_ids, kept.stats.reused_prompt_tokens
 
 
 def router_agreement(loaded: object) -> float:
