@@ -473,6 +473,13 @@ class ExpertCache:
             if pins:
                 self.pool.pins[slot] = 0
                 self.copier.release(slot)
+        if self.events.active:
+            # The last snapshot, taken at most every SNAPSHOT_SECONDS while a layer computed, would
+            # stay on the live panel until the next reply, showing experts in use and copies that
+            # were cancelled: the pool as the reply leaves it replaces it.
+            self._settle_queued()
+            self._last_snapshot_at = self.clock()
+            self.events.emit(self.snapshot(self.policy.layer))
 
     def _candidates(self, excluded: np.ndarray | None = None) -> np.ndarray:
         """The experts that may be evicted now, as flat indices (``policies.flat_indices``): held in

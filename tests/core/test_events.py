@@ -25,6 +25,7 @@ from seqmoe.events import (
     TokenGenerated,
 )
 from seqmoe.resources import demo_model_dir
+from seqmoe.transfer import JobState
 
 PROMPT = "Tell me about the mountains you like to hike."
 TOKENS = 12
@@ -110,8 +111,8 @@ def test_snapshots_show_the_routed_experts_in_use(engine: Engine) -> None:
     finally:
         engine.events.unsubscribe(seen.append)
     snapshots = [(i, e) for i, e in enumerate(seen) if isinstance(e, CacheSnapshot)]
-    assert snapshots
-    for position, snapshot in snapshots:
+    assert len(snapshots) > 1
+    for position, snapshot in snapshots[:-1]:  # the last one is taken after the reply (next test)
         routed = next(e for e in reversed(seen[:position]) if isinstance(e, LayerRouted))
         assert routed.layer == snapshot.layer
         assert len(snapshot.owners) == engine.cache_slots
@@ -119,6 +120,26 @@ def test_snapshots_show_the_routed_experts_in_use(engine: Engine) -> None:
         assert in_use == {(routed.layer, expert) for expert in routed.experts}
         empty = [owner for owner, state in zip(snapshot.owners, snapshot.states) if state is SlotStatus.EMPTY]
         assert all(owner is None for owner in empty)
+
+
+def test_the_last_snapshot_shows_the_pool_as_the_reply_leaves_it(engine: Engine) -> None:
+    # Prefetches are still queued when the reply ends on this slow link; they are cancelled then.
+    engine.configure("seqmoe", cache_ratio=0.3)
+    seen: list = []
+    engine.events.subscribe(seen.append)
+    try:
+        engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=6))
+    finally:
+        engine.events.unsubscribe(seen.append)
+    last = max(i for i, e in enumerate(seen) if isinstance(e, CacheSnapshot))
+    assert last > max(i for i, e in enumerate(seen) if isinstance(e, LayerRouted))
+    assert any(isinstance(e, PrefetchCancelled) for e in seen[:last])
+    snapshot, pool = seen[last], engine.cache.pool
+    assert SlotStatus.IN_USE not in snapshot.states
+    assert snapshot.owners == tuple(pool.owner)
+    for slot, state in enumerate(snapshot.states):
+        if state is SlotStatus.LOADING:  # only copies the link had started: the queued ones were cancelled
+            assert pool.job[slot].state is not JobState.QUEUED
 
 
 def test_resize_changes_the_slots_in_place_and_keeps_the_output(engine: Engine, reference: list[int]) -> None:
