@@ -102,14 +102,20 @@ def test_stream_accounts_for_every_access_copy_and_stall(engine: Engine, referen
     assert sum(e.seconds for e in stalls) == pytest.approx(stats.stall_seconds, rel=1e-6)
 
 
-def test_snapshots_show_the_routed_experts_in_use(engine: Engine) -> None:
-    engine.configure("lru", cache_ratio=0.3)
+def heard(engine: Engine, policy: str, tokens: int) -> list:
+    """The events of one reply to ``PROMPT`` under ``policy`` at cache ratio 0.3, in order."""
+    engine.configure(policy, cache_ratio=0.3)
     seen: list = []
     engine.events.subscribe(seen.append)
     try:
-        engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=4))
+        engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=tokens))
     finally:
         engine.events.unsubscribe(seen.append)
+    return seen
+
+
+def test_snapshots_show_the_routed_experts_in_use(engine: Engine) -> None:
+    seen = heard(engine, "lru", tokens=4)
     snapshots = [(i, e) for i, e in enumerate(seen) if isinstance(e, CacheSnapshot)]
     assert len(snapshots) > 1
     for position, snapshot in snapshots[:-1]:  # the last one is taken after the reply (next test)
@@ -124,13 +130,7 @@ def test_snapshots_show_the_routed_experts_in_use(engine: Engine) -> None:
 
 def test_the_last_snapshot_shows_the_pool_as_the_reply_leaves_it(engine: Engine) -> None:
     # Prefetches are still queued when the reply ends on this slow link; they are cancelled then.
-    engine.configure("seqmoe", cache_ratio=0.3)
-    seen: list = []
-    engine.events.subscribe(seen.append)
-    try:
-        engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=6))
-    finally:
-        engine.events.unsubscribe(seen.append)
+    seen = heard(engine, "seqmoe", tokens=6)
     last = max(i for i, e in enumerate(seen) if isinstance(e, CacheSnapshot))
     assert last > max(i for i, e in enumerate(seen) if isinstance(e, LayerRouted))
     assert any(isinstance(e, PrefetchCancelled) for e in seen[:last])
