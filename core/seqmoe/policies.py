@@ -63,6 +63,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from .reliability import Reliability
 from .routers import RouterLogits
 from .transfer import ExpertKey
 from .usage import UsageHistory
@@ -370,7 +371,8 @@ class SeqMoEPolicy(BeladyPolicy):
     times per layer, unless it is fixed (then every layer re-plans). The reuse forecast, once a
     token, may take half the budget: when it costs more, it runs every ``reuse_stride``-th token
     (measured: every other token evicts as well as every token), and the forecast gets what it
-    leaves.
+    leaves. The forecasts' probabilities pass through ``reliability``, which learns from every
+    decode layer's routing how often forecasts like them came true (see ``reliability.py``).
     """
 
     name = "seqmoe"
@@ -409,6 +411,9 @@ class SeqMoEPolicy(BeladyPolicy):
         self._made_at = -(10**9)
         self._targets: list[int] = []
         """The target layer of each horizon of the last call."""
+        self._raw: np.ndarray | None = None
+        """``[H, E]``: the last call's probabilities as the predictor gave them."""
+        self.reliability = Reliability()
 
     def observe_timing(
         self, layer_seconds: float, stall_seconds: float, plan_seconds: float = 0.0, link_load: float = math.inf
@@ -462,6 +467,7 @@ class SeqMoEPolicy(BeladyPolicy):
         in between, or nothing in between when the budget has no room for those plans (eviction
         still ranks by the rest of the last one)."""
         elapsed = self._clock - self._made_at
+        self._score(layer, routed, elapsed)
         stride, replans_between = self._look_ahead_rule()
         if elapsed >= stride:
             self._made = self._call(layer, hidden, routed)
@@ -486,6 +492,14 @@ class SeqMoEPolicy(BeladyPolicy):
         made = self._forecasts(layer, probs)
         self.remember(made.where((made.horizon >= reply.start) & (made.horizon < reply.stop)), reached)
 
+    def _score(self, layer: int, routed: torch.Tensor, elapsed: int) -> None:
+        """Tell ``reliability`` how the last call's forecast of this run of ``layer`` turned out."""
+        if self._raw is None or not 0 < elapsed <= len(self._raw) or self._targets[elapsed - 1] != layer:
+            return
+        used = np.zeros(self.num_experts, dtype=bool)
+        used[routed.reshape(-1).tolist()] = True
+        self.reliability.score(self._raw[elapsed - 1], used)
+
     def _forecast_reuse(self, hidden: torch.Tensor) -> None:
         start = self.clock()
         self.reuse_values = self.reuse(hidden.reshape(-1), *self.usage.features(), LATER_DISCOUNT).double().numpy()
@@ -503,6 +517,7 @@ class SeqMoEPolicy(BeladyPolicy):
         self.predict_seconds += seconds
         self._call_seconds = _smoothed(self._call_seconds, seconds)
         self._targets = [(layer + h) % self.num_layers for h in range(1, probs.shape[0] + 1)]
+        self._raw = probs.double().numpy()
         return self._forecasts(layer, probs)
 
     def _predict(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
@@ -510,7 +525,7 @@ class SeqMoEPolicy(BeladyPolicy):
         return self.predict(hidden.reshape(-1), layer, routed.reshape(-1)).float().cpu()[: self.horizon]
 
     def _forecasts(self, layer: int, probs: torch.Tensor) -> Forecasts:
-        probs = probs.double().numpy()
+        probs = self.reliability(probs.double().numpy())
         horizons, experts = np.nonzero(probs >= self.min_probability)
         return Forecasts((layer + horizons + 1) % self.num_layers, experts, probs[horizons, experts], horizons + 1)
 

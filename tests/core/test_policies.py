@@ -25,6 +25,7 @@ from seqmoe.policies import (
     SeqMoEPolicy,
     flat_indices,
 )
+from seqmoe.reliability import Reliability
 from seqmoe.simulate import SimulatedCopier, VirtualClock
 from seqmoe.store import HostStore, SlotState
 from seqmoe.transfer import CopyJob, EmulatedCopier, JobState, take_queued
@@ -638,6 +639,7 @@ def test_the_layers_between_forecasts_re_plan_only_if_the_budget_has_room(call: 
         return torch.full((LAYERS, EXPERTS), 0.5)
 
     policy = SeqMoEPolicy(predict, LAYERS, torch.full((LAYERS, EXPERTS), 0.3), clock=clock)
+    policy.reliability = Reliability(prior=math.inf)  # the forecasts stand as made, whatever is routed
     planned = []
     for step in range(6 * LAYERS):
         policy.observe_timing(10.0, 0.0, plan)
@@ -659,6 +661,7 @@ def test_a_look_ahead_dearer_than_a_tokens_budget_forecasts_less_than_once_a_tok
         return torch.full((2, EXPERTS), 0.9)
 
     policy = SeqMoEPolicy(predict, LAYERS, torch.full((LAYERS, EXPERTS), 0.3), clock=clock)
+    policy.reliability = Reliability(prior=math.inf)  # the forecasts stand as made, whatever is routed
     calls, seen = [], []
     for step in range(8 * LAYERS):
         policy.observe_timing(10.0, 0.0, 1.0)  # a call and its plan, 3, against 0.5 a layer
@@ -861,3 +864,24 @@ def test_a_cancelled_prefetch_is_not_counted_as_copied() -> None:
     cache.plan([])
     assert (cache.phases["prefill"].copied_bytes, cache.phases["decode"].copied_bytes) == (2 * expert, 2 * expert)
     assert cache.copier.bytes_copied == 4 * expert
+
+
+def test_forecasts_that_keep_coming_true_are_raised_for_prefetching_and_eviction() -> None:
+    # As the router fallback does: a softmax share (0.15 for expert 2, 0.05 for the rest) where
+    # the layer chooses its top 2, expert 2 every time.
+    def predict(hidden: torch.Tensor, layer: int, routed: torch.Tensor) -> torch.Tensor:
+        probs = torch.full((1, EXPERTS), 0.05)
+        probs[0, 2] = 0.15
+        return probs
+
+    policy = SeqMoEPolicy(predict, LAYERS, torch.full((LAYERS, EXPERTS), 0.5), stride=1)
+    first = None
+    for step in range(400 * LAYERS):
+        layer = step % LAYERS
+        policy.observe(layer, [2, step % 2])
+        made = {f.key: f.probability for f in policy.forecast(layer, torch.zeros(4), torch.tensor([2, step % 2]))}
+        first = first or made
+    nearest = ((layer + 1) % LAYERS, 2)
+    assert first[(1, 2)] == pytest.approx(0.15) and made[nearest] > 0.9 and policy.probability(nearest) > 0.9
+    # Of the three forecast at 0.05, each layer chose one every time (expert 0 or 1): a third.
+    assert made[((layer + 1) % LAYERS, 3)] == pytest.approx(1 / 3, abs=0.05)
