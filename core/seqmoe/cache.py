@@ -478,7 +478,6 @@ class ExpertCache:
             # stay on the live panel until the next reply, showing experts in use and copies that
             # were cancelled: the pool as the reply leaves it replaces it.
             self._settle_queued()
-            self._last_snapshot_at = self.clock()
             self.events.emit(self.snapshot(self.policy.layer))
 
     def _candidates(self, excluded: np.ndarray | None = None) -> np.ndarray:

@@ -517,15 +517,15 @@ class SeqMoEPolicy(BeladyPolicy):
         self.predict_seconds += seconds
         self._call_seconds = _smoothed(self._call_seconds, seconds)
         self._targets = [(layer + h) % self.num_layers for h in range(1, probs.shape[0] + 1)]
-        self._raw = probs.double().numpy()
+        self._raw = probs
         return self._forecasts(layer, probs)
 
-    def _predict(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
-        """``[H, E]``: the probability of each expert at each of the next ``H`` MoE layers."""
-        return self.predict(hidden.reshape(-1), layer, routed.reshape(-1)).float().cpu()[: self.horizon]
+    def _predict(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> np.ndarray:
+        """``[H, E]``: the probability of each expert at each of the next ``H`` MoE layers, as given."""
+        return self.predict(hidden.reshape(-1), layer, routed.reshape(-1)).float().cpu()[: self.horizon].double().numpy()
 
-    def _forecasts(self, layer: int, probs: torch.Tensor) -> Forecasts:
-        probs = self.reliability(probs.double().numpy())
+    def _forecasts(self, layer: int, raw: np.ndarray) -> Forecasts:
+        probs = self.reliability(raw)
         horizons, experts = np.nonzero(probs >= self.min_probability)
         return Forecasts((layer + horizons + 1) % self.num_layers, experts, probs[horizons, experts], horizons + 1)
 
