@@ -57,6 +57,7 @@ class ModelInfo:
     context_tokens: int = 0  # prompt and reply, as the engine holds them (the setting, capped at the model's limit)
     context_limit: int | None = None  # the model's own, when its config says
     link_setup: str | None = None  # the consumer setup the emulated link was matched to; None: a fixed speed
+    bytes_per_copy: float = 0.0  # what one expert's copy moves over the link, on average (packed experts: less than a slot)
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ def model_info(engine: Engine) -> ModelInfo:
         max_horizon=engine.max_horizon(),
         context_tokens=engine.context_tokens,
         context_limit=engine.loaded.context_limit,
+        bytes_per_copy=host.bytes_per_copy,
     )
 
 

@@ -115,8 +115,8 @@ def require_decode(full: Totals) -> None:
 
 
 def set_link(engine: Engine, full: Totals, copy_layers: float) -> None:
-    """Set the emulated link so one expert copy takes ``copy_layers`` layers of ``full``'s decode
-    (the inverse of ``emulated_copy_seconds``)."""
+    """Set the emulated link so that one expert's bytes, as they are in the slot, take ``copy_layers``
+    layers of ``full``'s decode: a consumer setup's link, whatever packing then saves of it."""
     require_decode(full)
     copy_seconds = copy_layers * layer_seconds(full, engine.loaded.host.num_layers)
     expert_bytes = engine.loaded.host.layout.bytes_per_expert
@@ -124,8 +124,15 @@ def set_link(engine: Engine, full: Totals, copy_layers: float) -> None:
 
 
 def emulated_copy_seconds(engine: Engine) -> float:
-    """One expert's copy on the engine's emulated link, as configured (``EmulatedCopier``'s model)."""
-    return engine.link_latency_s + engine.loaded.host.layout.bytes_per_expert / (engine.link_gbps * 1e9)
+    """One expert's copy on the engine's emulated link, as configured (``EmulatedCopier``'s model),
+    of the bytes it moves (packed, when the experts are; see ``compression``)."""
+    return engine.link_latency_s + engine.loaded.host.bytes_per_copy / (engine.link_gbps * 1e9)
+
+
+def sent_share(engine: Engine) -> float:
+    """The share of an expert's bytes its copy moves (below 1 when experts are packed)."""
+    host = engine.loaded.host
+    return host.bytes_per_copy / host.layout.bytes_per_expert
 
 
 def full_speed(engine: Engine, prompts: list[list[int]], sampling: Sampling) -> Totals:
@@ -199,7 +206,7 @@ def run_bench(
         if copy_layers is not None:
             counts = [fewest_copies(run, engine.cache_slots) for run in accesses]
             copies, tokens = (sum(column) for column in zip(*counts))
-            bounds.append(CopyBound.of(ratio, copies, tokens, layers, copy_layers))
+            bounds.append(CopyBound.of(ratio, copies, tokens, layers, copy_layers * sent_share(engine)))
         futures = [future_of(run) for run in accesses]
         for policy in policies:
             if policy == "full":

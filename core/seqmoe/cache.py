@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -278,8 +279,7 @@ class ExpertCache:
     def _fill(self, resident: Sequence[ExpertKey]) -> None:
         """Copy the first of ``resident`` that fit into the new, empty pool."""
         for slot, key in enumerate(resident[: self.pool.size]):
-            for destination, source in zip(self.pool.destinations(slot), self.host.sources(key)):
-                destination.copy_(source)
+            self.host.expert(key).write_into(self.pool.destinations(slot))
             self.pool.assign(slot, key, None)
 
     def plan(self, forecasts: Sequence[Forecast]) -> None:
@@ -312,7 +312,7 @@ class ExpertCache:
                 best[forecast.key] = forecast
         if not best:
             return
-        copy_seconds = self.copier.seconds_per_copy(self.host.layout.bytes_per_expert)
+        copy_seconds = self.copier.seconds_per_copy(self.host.bytes_per_copy)
         in_flight = len(self._queued)
 
         def deadline(horizon: int) -> int:
@@ -450,7 +450,7 @@ class ExpertCache:
         if self._last_decode_layer_at is not None:
             sample = now - self._last_decode_layer_at
             compute = max(sample - self._stalled_this_layer, 1e-6)
-            demand = self._copies_this_layer * self.copier.seconds_per_copy(self.host.layout.bytes_per_expert)
+            demand = self._copies_this_layer * self.copier.seconds_per_copy(self.host.bytes_per_copy)
             load = demand / compute
             if self.layer_seconds is None:
                 self.layer_seconds, self.link_load, self.stall_seconds = sample, load, self._stalled_this_layer
@@ -500,13 +500,9 @@ class ExpertCache:
             slot = self.pool.free_slot()
         if slot is None:
             slot = self._evict(phase)
-        job = CopyJob(
-            key=key,
-            slot=slot,
-            pairs=list(zip(self.pool.destinations(slot), self.host.sources(key))),
-            nbytes=self.host.layout.bytes_per_expert,
-            phase=phase,
-        )
+        expert = self.host.expert(key)
+        job = CopyJob(key=key, slot=slot, write=partial(expert.write_into, self.pool.destinations(slot)),
+                      nbytes=expert.nbytes, phase=phase)
         self.phases[job.phase].copied_bytes += job.nbytes
         self.pool.assign(slot, key, job)
         self.copier.submit(job, urgent=urgent)

@@ -126,7 +126,7 @@ class Engine:
             bytes_per_expert=loaded.host.layout.bytes_per_expert,
             resident_bytes=loaded.resident_bytes,
             kv_bytes=kv_cache_bytes(loaded.config, self.context_tokens, element),
-            workspace_bytes=WORKSPACE_BYTES[loaded.device.type],
+            workspace_bytes=WORKSPACE_BYTES[loaded.device.type] + loaded.host.unpack_bytes,
             top_k=loaded.top_k,
         )
         self.policy_name = "none"
@@ -224,8 +224,8 @@ class Engine:
         base = self.loaded.base_implementation
         if policy == "full":
             self._resident_accesses = torch.zeros((), dtype=torch.int64, device=self.device)
-            for module, layer in zip(self.loaded.experts, self.loaded.host.tensors):
-                tensors = {name: t.to(self.device) for name, t in layer.items()}
+            for index, module in enumerate(self.loaded.experts):
+                tensors = self.loaded.host.layer_on(index, self.device)
                 runtime = experts_impl.ResidentLayer(tensors, experts_impl.base_implementation(module, base), self._resident_accesses)
                 experts_impl.attach(module, runtime)
         else:

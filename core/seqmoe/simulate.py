@@ -18,6 +18,7 @@ import torch
 
 from .bound import Access, CopyBound, fewest_copies
 from .cache import ExpertCache
+from .compression import RawExpert
 from .events import EventBus
 from .hardware import Hardware, ModelShape
 from .policies import ORACLE_NEXT, ORACLES, GatePolicy, LRUPolicy, OraclePolicy, Policy, SeqMoEPolicy
@@ -72,8 +73,10 @@ class _NoWeights:
         self.num_layers = layers
         self.total_experts = layers * experts
 
-    def sources(self, key: ExpertKey) -> list[torch.Tensor]:
-        return [torch.empty(0, dtype=torch.float16)]
+    bytes_per_copy = 0
+
+    def expert(self, key: ExpertKey) -> RawExpert:
+        return RawExpert(())
 
 
 @dataclass

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .compression import UNPACK_WORKSPACE, WORTH_PACKING, PackedExpert, RawExpert, pack, packable
 from .transfer import CopyJob, ExpertKey, JobState
 
 _ALIGNMENT = 16
@@ -74,38 +75,80 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 class HostStore:
-    """Every routed expert of every MoE layer, in host memory.
+    """Every routed expert of every MoE layer, in host memory, packed when its dtype packs.
 
-    The modules' expert parameters become the store's tensors layer by layer. A pinned copy
-    replaces the loaded weights of its layer at once, so the loaded weights of a layer are
-    freed before the next layer is copied: host memory holds the model and one layer's
-    experts more at most, not two copies of every expert.
+    bfloat16 experts are kept packed (``compression``): about three quarters of their bytes,
+    in host memory and over the link, every bit given back when a copy unpacks into its slot.
+    Other dtypes, and a model whose first layer does not pack to ``WORTH_PACKING`` of its
+    bytes, are kept as they are, and the modules' expert parameters then become the store's
+    tensors. A layer's packed (or pinned) copy replaces its loaded weights at once, so host
+    memory holds the model and one layer's experts more at most, not two copies of every
+    expert. Packed, the modules' expert parameters keep their shapes over no memory: only the
+    store's copies are ever computed with.
     """
 
     def __init__(self, modules: list[nn.Module], pin: bool) -> None:
         self.layout = ExpertLayout.of(modules[0])
-        self.tensors: list[dict[str, torch.Tensor]] = []
+        self.packed = packable(self.layout.dtype)
+        self._experts: list[list[PackedExpert | RawExpert]] = []
         for module in modules:
             if ExpertLayout.of(module) != self.layout:
                 raise ValueError("MoE layers with different expert shapes")
-            params = expert_parameters(module)
-            layer = {}
-            for name in self.layout.names:
-                tensor = params[name].data.to("cpu").contiguous()
-                layer[name] = params[name].data = tensor.pin_memory() if pin else tensor
-            self.tensors.append(layer)
+            params = [expert_parameters(module)[name] for name in self.layout.names]
+            layer = self._pack_layer([param.data for param in params], pin) if self.packed else None
+            if layer is not None:
+                for param in params:
+                    param.data = torch.zeros((), dtype=param.dtype).expand(param.shape)
+            else:
+                self.packed = False
+                for param in params:
+                    tensor = param.data.to("cpu").contiguous()
+                    param.data = tensor.pin_memory() if pin else tensor
+                layer = [RawExpert(tuple(param.data[expert] for param in params)) for expert in range(self.layout.num_experts)]
+            self._experts.append(layer)
+        self.bytes_per_copy = sum(e.nbytes for layer in self._experts for e in layer) / self.total_experts
+        """Bytes one expert's copy moves over the link, on average (its slot takes ``layout.bytes_per_expert``)."""
+
+    def _pack_layer(self, tensors: list[torch.Tensor], pin: bool) -> list[PackedExpert] | None:
+        """The layer's experts packed into one (pinned) buffer, a row each; ``None`` if the first
+        layer packs to more than ``WORTH_PACKING`` of its bytes (a later one is packed regardless)."""
+        experts = [pack([tensor[expert] for tensor in tensors]) for expert in range(self.layout.num_experts)]
+        if not self._experts and sum(e.nbytes for e in experts) > WORTH_PACKING * self.layout.bytes_per_expert * len(experts):
+            return None
+        stride = -(-max(e.nbytes for e in experts) // _ALIGNMENT) * _ALIGNMENT
+        rows = torch.zeros((len(experts), stride), dtype=torch.uint8)
+        rows = rows.pin_memory() if pin else rows
+        for row, expert in zip(rows, experts):
+            row[: expert.nbytes] = expert.data
+        return [PackedExpert(row[: expert.nbytes], expert.segments) for row, expert in zip(rows, experts)]
 
     @property
     def num_layers(self) -> int:
-        return len(self.tensors)
+        return len(self._experts)
 
     @property
     def total_experts(self) -> int:
         return self.num_layers * self.layout.num_experts
 
-    def sources(self, key: ExpertKey) -> list[torch.Tensor]:
+    @property
+    def unpack_bytes(self) -> int:
+        """Device memory a copy's unpacking needs beside the slots (none when nothing is packed)."""
+        return math.ceil(UNPACK_WORKSPACE * self.layout.bytes_per_expert) if self.packed else 0
+
+    def layer_on(self, layer: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """Every expert of ``layer``, unpacked on ``device``: ``[experts, ...]`` per expert tensor."""
+        tensors = {
+            name: torch.empty((self.layout.num_experts, *shape), dtype=self.layout.dtype, device=device)
+            for name, shape in zip(self.layout.names, self.layout.shapes)
+        }
+        for expert, source in enumerate(self._experts[layer]):
+            source.write_into([tensor[expert] for tensor in tensors.values()])
+        return tensors
+
+    def expert(self, key: ExpertKey) -> PackedExpert | RawExpert:
+        """What a copy of ``key`` moves: ``write_into`` the slot's tensors gives its weights."""
         layer, expert = key
-        return [self.tensors[layer][name][expert] for name in self.layout.names]
+        return self._experts[layer][expert]
 
 
 class SlotState(Enum):

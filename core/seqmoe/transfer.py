@@ -45,11 +45,13 @@ class CopyJob:
 
     key: ExpertKey
     slot: int
-    pairs: list[tuple[torch.Tensor, torch.Tensor]]
-    """(device destination, host source) views, one per expert tensor; emptied once the copy
-    is issued. The job outlives its copy (in the copier's records, in the slot table), and a
-    view would keep the whole slot pool alive after a resize freed it."""
+    write: Callable[[bool], None] | None
+    """Writes the expert into the slot (``non_blocking``: on the current CUDA stream, without
+    waiting for it); dropped once the copy is issued. The job outlives its copy (in the
+    copier's records, in the slot table), and the slot's views it holds would keep the whole
+    slot pool alive after a resize freed it."""
     nbytes: int
+    """Bytes the copy moves over the link."""
     state: JobState = JobState.QUEUED
     urgent: bool = False
     """Submitted as a miss (compute already waits for it), not as a prefetch."""
@@ -219,7 +221,7 @@ class ModelledLane:
         now = self.clock()
         for job in [j for j, finish in self._running.items() if finish <= now]:
             del self._running[job]
-            copy_pairs(job, torch.Tensor.copy_)
+            write_expert(job)
             job.state = JobState.DONE
 
 
@@ -277,11 +279,11 @@ def take_queued(queue: deque[tuple[CopyJob, float]], job: CopyJob) -> tuple[Copy
     return None
 
 
-def copy_pairs(job: CopyJob, copy: Callable[[torch.Tensor, torch.Tensor], object]) -> None:
-    """``copy(destination, source)`` for each of ``job``'s pairs, which it then drops (see ``CopyJob.pairs``)."""
-    for destination, source in job.pairs:
-        copy(destination, source)
-    job.pairs = []
+def write_expert(job: CopyJob, non_blocking: bool = False) -> None:
+    """Write ``job``'s expert into its slot, once (see ``CopyJob.write``)."""
+    if job.write is not None:
+        job.write(non_blocking)
+        job.write = None
 
 
 class CudaCopier:
@@ -395,7 +397,7 @@ class CudaCopier:
                 self.stream.wait_event(released)
             began = torch.cuda.Event(enable_timing=True)
             began.record(self.stream)
-            copy_pairs(job, lambda dst, src: dst.copy_(src, non_blocking=True))
+            write_expert(job, non_blocking=True)
             event = torch.cuda.Event(enable_timing=True)
             event.record(self.stream)
         job.cuda_event = event

@@ -94,7 +94,7 @@ class FakeEngine:
             tokenizer=FakeTokenizer(),
             path=Path("/models") / name,
             architecture="FakeMoeForCausalLM",
-            host=SimpleNamespace(num_layers=2, layout=SimpleNamespace(num_experts=12)),
+            host=SimpleNamespace(num_layers=2, layout=SimpleNamespace(num_experts=12), bytes_per_copy=0.75 * 2**20),
             context_limit=32768,
         )
         self.device = "cpu"

@@ -56,7 +56,7 @@ def recorded():
 
 def test_the_folded_stream_agrees_with_the_engine_statistics(recorded) -> None:
     events, info, stats = recorded
-    model = TelemetryModel(info.num_layers, info.experts_per_layer, info.geometry.bytes_per_expert)
+    model = TelemetryModel(info.num_layers, info.experts_per_layer, info.bytes_per_copy)
     # Folded in uneven batches, as the timer drains them.
     for start in range(0, len(events), 97):
         model.fold(events[start:start + 97])
@@ -65,7 +65,8 @@ def test_the_folded_stream_agrees_with_the_engine_statistics(recorded) -> None:
     assert (counters.tokens, counters.hits, counters.misses) == (stats.tokens, stats.hits, stats.misses)
     assert (counters.decode_hits, counters.decode_misses) == (stats.decode_hits, stats.decode_misses)
     assert counters.decode_hit_rate == pytest.approx(stats.decode_hit_rate) and counters.decode_tokens_per_s > 0
-    assert counters.copies * info.geometry.bytes_per_expert == stats.h2d_bytes
+    # Packed experts differ in size by the few weights each keeps whole: the mean is within a hair.
+    assert counters.copies * info.bytes_per_copy == pytest.approx(stats.h2d_bytes, rel=0.01)
     assert counters.prefetch_copies == stats.prefetch_issued and counters.prefetch_unused == stats.prefetch_unused
     assert counters.stall_seconds == pytest.approx(stats.stall_seconds, rel=1e-6)
     assert sum(model.stall_per_token) == pytest.approx(stats.stall_seconds, rel=1e-6)
@@ -81,7 +82,7 @@ def test_the_folded_stream_agrees_with_the_engine_statistics(recorded) -> None:
 
 
 def test_the_replys_speed_and_hit_rate_are_those_of_generating_with_the_prompts_apart(qtbot) -> None:
-    model = TelemetryModel(num_layers=2, num_experts=4, bytes_per_expert=10)
+    model = TelemetryModel(num_layers=2, num_experts=4, bytes_per_copy=10)
     view = CountersView()
     qtbot.addWidget(view)
     # The prompt misses all three experts it routes (0.5 s), then two decode tokens in 0.1 s hit 3 of 4.
@@ -95,7 +96,7 @@ def test_the_replys_speed_and_hit_rate_are_those_of_generating_with_the_prompts_
 
 def test_a_new_generation_resets_the_counters_but_keeps_the_cache_map(recorded) -> None:
     events, info, _stats = recorded
-    model = TelemetryModel(info.num_layers, info.experts_per_layer, info.geometry.bytes_per_expert)
+    model = TelemetryModel(info.num_layers, info.experts_per_layer, info.bytes_per_copy)
     model.fold(events)
     cells = model.cells.copy()
     model.fold([LayerRouted(0, (1, 2), (), True)])
@@ -104,7 +105,7 @@ def test_a_new_generation_resets_the_counters_but_keeps_the_cache_map(recorded) 
 
 
 def test_a_reply_ended_in_its_prefill_does_not_run_into_the_next_ones_figures() -> None:
-    model = TelemetryModel(num_layers=2, num_experts=4, bytes_per_expert=10)
+    model = TelemetryModel(num_layers=2, num_experts=4, bytes_per_copy=10)
     # One token, from the prefill alone (an end of text at once, or Stop): no decode layer runs.
     model.fold([LayerRouted(0, (0, 1), (0, 1), True), LayerRouted(1, (2,), (2,), True), TokenGenerated(0, 7, 0.1)])
     model.fold([LayerRouted(0, (3,), (3,), True), LayerRouted(1, (1,), (), True)])
@@ -134,7 +135,7 @@ def test_a_load_that_fails_leaves_the_panel_without_a_model(qtbot, window) -> No
 
 
 def test_recall_at_k_per_horizon_wraps_into_the_next_token() -> None:
-    model = TelemetryModel(num_layers=3, num_experts=4, bytes_per_expert=10)
+    model = TelemetryModel(num_layers=3, num_experts=4, bytes_per_copy=10)
     model.fold([
         LayerRouted(0, (0, 1), (), True),  # prefill
         TokenGenerated(0, 7, 0.1),
@@ -154,7 +155,7 @@ def test_recall_at_k_per_horizon_wraps_into_the_next_token() -> None:
 
 
 def test_layers_routed_without_a_forecast_are_grey_not_a_forecast_of_zero(qtbot) -> None:
-    model = TelemetryModel(num_layers=3, num_experts=4, bytes_per_expert=10)
+    model = TelemetryModel(num_layers=3, num_experts=4, bytes_per_copy=10)
     model.fold([
         LayerRouted(0, (0, 1), (), True),
         TokenGenerated(0, 7, 0.1),
@@ -178,7 +179,7 @@ def test_layers_routed_without_a_forecast_are_grey_not_a_forecast_of_zero(qtbot)
 
 
 def test_prefetch_accounting_used_cancelled_and_unused() -> None:
-    model = TelemetryModel(num_layers=2, num_experts=4, bytes_per_expert=1000)
+    model = TelemetryModel(num_layers=2, num_experts=4, bytes_per_copy=1000)
     model.fold([
         LayerRouted(0, (0,), (0,), True),
         TokenGenerated(0, 1, 0.5),

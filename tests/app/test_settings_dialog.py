@@ -261,8 +261,9 @@ def test_the_budget_resizes_the_demo_models_cache_between_generations(qtbot, dem
     before = demo_client.model
     first = collector.wait_for(qtbot, demo_client.generate(messages, greedy))[2]
     assert first.stats["cache_slots"] == before.cache_slots
-    budget = before.geometry.budget_bytes_for(before.cache_slots * 2) / GB + 0.0001
-    options = EngineOptions(device="cpu", policy="seqmoe", vram_budget_gb=round(budget, 4))
+    geometry = before.geometry
+    budget = (geometry.budget_bytes_for(before.cache_slots * 2) + geometry.bytes_per_expert // 2) / GB  # mid-slot
+    options = EngineOptions(device="cpu", policy="seqmoe", vram_budget_gb=budget)
     # Asked for while a reply runs: the resize waits for it.
     running = demo_client.generate(messages, greedy)
     resize = demo_client.reconfigure(options)

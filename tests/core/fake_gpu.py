@@ -2,9 +2,10 @@
 
 A real GPU runs a stream's work later than the host issues it, in order, and another stream
 sees it only through events. ``FakeGPU`` keeps that much: a non-blocking copy issued on a side
-stream is queued, not done. Each copy takes ``seconds_per_copy`` after the one before; it lands
-when the host next asks an event whether it has passed, once its time has come, or at once when a
-stream waits for an event after it or the host synchronises on one. Compute runs on the CPU at
+stream is queued, not done, and so is the unpacking of a packed expert there (its kernels). Each
+piece of work takes ``seconds_per_copy`` after the one before; it lands when the host next asks
+an event whether it has passed, once its time has come, or at once when a stream waits for an
+event after it or the host synchronises on one. Compute runs on the CPU at
 once, as the default stream's work, so a kernel that reads a slot before its copy was waited for
 reads what the slot held before: a missing ``wait_event`` shows up as wrong tokens, as it would on
 a GPU, only every time. A copy made to wait for the layer reading its slot cannot be checked here:
@@ -16,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 import torch
+
+from seqmoe.compression import PackedExpert
 
 
 class FakeStream:
@@ -100,7 +103,17 @@ class FakeGPU:
             self.side_streams.append(made)
             return made
 
+        real_unpack = PackedExpert.write_into
+
+        def unpack(expert: PackedExpert, destinations: Sequence[torch.Tensor], non_blocking: bool = False) -> None:
+            # Its kernels run on the stream, after the work queued there before them.
+            if non_blocking and self.current is not self.default:
+                self.current.enqueue(lambda: real_unpack(expert, destinations))
+            else:
+                real_unpack(expert, destinations, non_blocking)
+
         monkeypatch.setattr(torch.Tensor, "copy_", copy)
+        monkeypatch.setattr(PackedExpert, "write_into", unpack)
         monkeypatch.setattr(torch.cuda, "Stream", stream)
         monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
         monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.current)

@@ -47,7 +47,7 @@ def test_bench_reports_every_policy_and_ratio_with_identical_tokens(
     assert rows[0]["decode_copies_per_token"] == 0 and any(row["decode_copies_per_token"] > 0 for row in rows[1:])
     # The same prompts for every policy; full ran them before and after every row too.
     assert len({row["tokens"] for row in rows[1:]}) == 1 and rows[0]["tokens"] == 9 * rows[1]["tokens"]
-    assert "one expert copy =" in report["link"] and "before every run" in report["link"]
+    assert "one expert's bytes take 3.94 x" in report["link"] and "before every run" in report["link"]
     # Each run's link was set from full's speed just before it: a copy takes about the setup's 3.94 layers.
     assert all(row["copy_layers"] > 1.0 for row in rows[1:]) and rows[0]["copy_layers"] is None
     assert all(row["cache_slots"] < rows[0]["cache_slots"] for row in rows[1:])  # the policy's cache, not full's

@@ -19,12 +19,12 @@ from seqmoe.transfer import EmulatedCopier
 
 
 class FakeExperts(nn.Module):
-    def __init__(self, layer: int, experts: int = 4) -> None:
+    def __init__(self, layer: int, experts: int = 4, shape: tuple[int, int] = (4, 2)) -> None:
         super().__init__()
         self.num_experts = experts
         values = torch.arange(experts, dtype=torch.float32).view(experts, 1, 1) + 100 * layer
-        self.gate_up_proj = nn.Parameter(values.expand(experts, 4, 2).clone())
-        self.down_proj = nn.Parameter(values.expand(experts, 2, 2).clone())
+        self.gate_up_proj = nn.Parameter(values.expand(experts, *shape).clone())
+        self.down_proj = nn.Parameter(values.expand(experts, shape[1], shape[1]).clone())
 
 
 @pytest.fixture
@@ -53,10 +53,30 @@ def test_pinned_copies_replace_each_layers_loaded_weights_before_the_next_layer_
     monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
     host = HostStore(modules, pin=True)
     assert len(pinned) == 6 and all(earlier_adopted)
-    for module, layer in zip(modules, host.tensors):
-        assert module.gate_up_proj.data_ptr() == layer["gate_up_proj"].data_ptr()
-        assert module.down_proj.data_ptr() == layer["down_proj"].data_ptr()
-    assert host.sources((2, 3))[0][0, 0].item() == 203.0
+    for index, module in enumerate(modules):
+        gate_up, down = host.expert((index, 0)).tensors
+        assert (module.gate_up_proj.data_ptr(), module.down_proj.data_ptr()) == (gate_up.data_ptr(), down.data_ptr())
+    assert host.expert((2, 3)).tensors[0][0, 0].item() == 203.0
+
+
+def test_bfloat16_experts_are_kept_packed_and_given_back_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    modules = [FakeExperts(layer, experts=4, shape=(64, 48)) for layer in range(3)]
+    for module in modules:
+        for param in module.parameters():
+            param.data = (torch.randn(param.shape) * 0.02).to(torch.bfloat16)
+    weights = [{name: param.data.clone() for name, param in module.named_parameters()} for module in modules]
+    pinned: list[torch.Tensor] = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor: pinned.append(tensor.clone()) or pinned[-1])
+    host = HostStore(modules, pin=True)
+    assert host.packed and len(pinned) == 3  # one pinned buffer a layer
+    assert 0.74 < host.bytes_per_copy / host.layout.bytes_per_expert < 0.78  # 12 bits a weight, and a few kept whole
+    for module, kept in zip(modules, weights):
+        # The loaded weights are gone: the parameters keep their shape over no memory.
+        assert all(param.shape == kept[name].shape and param.stride()[0] == 0 for name, param in module.named_parameters())
+    for layer in range(3):
+        unpacked = host.layer_on(layer, torch.device("cpu"))
+        assert all(torch.equal(unpacked[name].view(torch.int16), weights[layer][name].view(torch.int16)) for name in unpacked)
 
 
 def test_acquired_slots_hold_the_right_weights(cache: ExpertCache) -> None:

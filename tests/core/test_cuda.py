@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
 from seqmoe import Engine, Sampling, load_model
+from seqmoe.compression import RawExpert
 from seqmoe.transfer import CopyJob, CudaCopier
 
 from .test_equivalence import PROMPT, reference_tokens
@@ -22,7 +24,7 @@ def _one_at_a_time(count: int) -> tuple[CudaCopier, list[torch.Tensor], list[Cop
     device = torch.device("cuda")
     sources = [torch.full((2**20,), float(i)).pin_memory() for i in range(count)]
     slots = [torch.empty(2**20, device=device) for _ in range(count)]
-    jobs = [CopyJob((0, i), i, [(slots[i], sources[i])], 4 * 2**20) for i in range(count)]
+    jobs = [CopyJob((0, i), i, partial(RawExpert((sources[i],)).write_into, [slots[i]]), 4 * 2**20) for i in range(count)]
     return CudaCopier(device, max_in_flight=1), slots, jobs
 
 
@@ -50,11 +52,15 @@ def test_queued_prefetches_start_while_the_cache_polls_them() -> None:
     assert [s[0].item() for s in slots] == [0.0, 1.0, 2.0]
 
 
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])  # bfloat16: packed experts, unpacked on the copy stream
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3"])
-def test_offloaded_cuda_generation_matches_cuda_reference(tiny_models: dict[str, Path], family: str) -> None:
+def test_offloaded_cuda_generation_matches_cuda_reference(tiny_models: dict[str, Path], family: str, dtype: str | None) -> None:
     greedy = Sampling(max_new_tokens=12)
-    engine = Engine(load_model(str(tiny_models[family]), device="cuda"))
-    assert engine.loaded.host.tensors[0][engine.loaded.host.layout.names[0]].is_pinned()
+    engine = Engine(load_model(str(tiny_models[family]), device="cuda", dtype=dtype))
+    host = engine.loaded.host
+    assert host.packed == (dtype == "bfloat16")
+    first = host.expert((0, 0))
+    assert (first.data if host.packed else first.tensors[0]).is_pinned()
     try:
         engine.configure("full")
         expected = engine.generate(PROMPT, greedy).token_ids
@@ -66,4 +72,5 @@ def test_offloaded_cuda_generation_matches_cuda_reference(tiny_models: dict[str,
     finally:
         engine.close()
     # transformers' own generate on the same GPU, which decodes grouped_mm models with batched_mm.
-    assert expected == reference_tokens(tiny_models[family], greedy, device="cuda")
+    options = {"dtype": torch.bfloat16} if dtype else {}
+    assert expected == reference_tokens(tiny_models[family], greedy, device="cuda", **options)

@@ -8,12 +8,14 @@ compute with a slot whose copy has not landed, and the tokens change.
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
 from seqmoe import Engine, Sampling, load_model
+from seqmoe.compression import RawExpert
 from seqmoe.transfer import CopyJob, CudaCopier, JobState
 
 from .fake_gpu import FakeGPU
@@ -25,7 +27,8 @@ CPU = torch.device("cpu")
 def jobs(count: int) -> tuple[list[torch.Tensor], list[CopyJob]]:
     """``count`` jobs, job ``i`` filling slot ``i`` (zeros) with the value ``i + 1``."""
     slots = [torch.zeros(64) for _ in range(count)]
-    made = [CopyJob((0, i), i, [(slots[i], torch.full((64,), float(i + 1)))], 256) for i in range(count)]
+    made = [CopyJob((0, i), i, partial(RawExpert((torch.full((64,), float(i + 1)),)).write_into, [slots[i]]), 256)
+            for i in range(count)]
     return slots, made
 
 
@@ -72,11 +75,15 @@ def test_a_copy_into_a_released_slot_lands_and_its_stall_is_reported(monkeypatch
     assert [stall.key for stall in copier.take_stalls()] == [(0, 0)]
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "jamba"])
+@pytest.mark.parametrize(
+    ("family", "dtype"), [("mixtral", None), ("qwen3_moe", None), ("jamba", None), ("mixtral", "bfloat16"), ("qwen3_moe", "bfloat16")]
+)
 def test_offloaded_generation_through_the_cuda_copier_matches_full(
-    tiny_models: dict[str, Path], family: str, monkeypatch: pytest.MonkeyPatch
+    tiny_models: dict[str, Path], family: str, dtype: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine = Engine(load_model(str(tiny_models[family]), device="cpu"))
+    """bfloat16: packed experts, unpacked on the copy stream after their bytes."""
+    engine = Engine(load_model(str(tiny_models[family]), device="cpu", dtype=dtype))
+    assert engine.loaded.host.packed == (dtype == "bfloat16")
     greedy = Sampling(max_new_tokens=NEW_TOKENS)
     try:
         engine.configure("full")

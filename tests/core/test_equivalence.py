@@ -57,6 +57,26 @@ def test_greedy_output_matches_reference_at_every_cache_size(tiny_models: dict[s
         engine.close()
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_packed_bfloat16_experts_give_the_reference_tokens(tiny_models: dict[str, Path], family: str) -> None:
+    """bfloat16 experts cross the link packed (``compression``) and are unpacked bit for bit."""
+    greedy = Sampling(max_new_tokens=NEW_TOKENS)
+    expected = reference_tokens(tiny_models[family], greedy, dtype=torch.bfloat16)
+    engine = Engine(load_model(str(tiny_models[family]), device="cpu", dtype="bfloat16"))
+    host = engine.loaded.host
+    minimum = engine.geometry.minimum_slots / engine.geometry.total_experts
+    try:
+        assert host.packed
+        for policy, ratio in [("full", 1.0), ("lru", minimum), ("seqmoe", 0.5)]:
+            engine.configure(policy, cache_ratio=ratio)
+            result = engine.generate(PROMPT, greedy)
+            assert result.token_ids == expected, f"{family} {policy} at cache ratio {ratio:.2f}"
+            if policy == "lru":
+                assert 0 < result.stats.h2d_bytes < 0.8 * result.stats.misses * host.layout.bytes_per_expert
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("family", ["qwen2_moe", "gpt_oss"])
 def test_seeded_sampling_matches_reference(tiny_models: dict[str, Path], family: str) -> None:
     sampling = Sampling(max_new_tokens=NEW_TOKENS, greedy=False, temperature=1.3, top_p=0.9, seed=1234)

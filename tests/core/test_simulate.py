@@ -166,7 +166,7 @@ def test_each_reply_starts_the_bound_afresh_and_prefill_costs_nothing() -> None:
 def test_a_simulated_copy_queued_behind_another_starts_when_the_lane_comes_free() -> None:
     clock = VirtualClock()
     copier = SimulatedCopier(clock, seconds_per_copy=1.0, expert_bytes=1)
-    jobs = [CopyJob((0, expert), expert, [], 1) for expert in range(3)]
+    jobs = [CopyJob((0, expert), expert, None, 1) for expert in range(3)]
     for job in jobs:
         copier.submit(job)
     clock.now = 2.5  # one layer of compute, longer than two copies; nothing looked at the lane meanwhile

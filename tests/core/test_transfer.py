@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import pytest
 import torch
 
+from seqmoe.compression import RawExpert
 from seqmoe.transfer import CopyJob, EmulatedCopier, JobState
 
 
-def job(slot: int, nbytes: int) -> CopyJob:
+def job(slot: int, nbytes: int, tensors: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> CopyJob:
+    """A copy of ``nbytes`` into slot ``slot``; ``tensors``, if given, is told the (destination, source)."""
     src = torch.randn(nbytes // 4)
     dst = torch.empty_like(src)
-    return CopyJob(key=(0, slot), slot=slot, pairs=[(dst, src)], nbytes=nbytes)
+    if tensors is not None:
+        tensors.append((dst, src))
+    return CopyJob(key=(0, slot), slot=slot, write=partial(RawExpert((src,)).write_into, [dst]), nbytes=nbytes)
 
 
 def copy_all(copier: EmulatedCopier, jobs: list[CopyJob]) -> float:
@@ -30,13 +35,13 @@ def copy_all(copier: EmulatedCopier, jobs: list[CopyJob]) -> float:
 
 @pytest.mark.parametrize("gbps", [0.25, 1.0])
 def test_measured_throughput_is_within_20_percent_of_the_setting(gbps: float) -> None:
-    jobs = [job(i, 2 * 2**20) for i in range(24)]
-    pairs = [j.pairs[0] for j in jobs]
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    jobs = [job(i, 2 * 2**20, pairs) for i in range(24)]
     elapsed = copy_all(EmulatedCopier(gbytes_per_s=gbps, latency_s=0.0), jobs)
     measured = sum(j.nbytes for j in jobs) / elapsed / 1e9
     assert measured == pytest.approx(gbps, rel=0.2)
     assert all(torch.equal(dst, src) for dst, src in pairs)
-    assert not any(j.pairs for j in jobs)  # a finished job holds no view of the slot pool
+    assert not any(j.write for j in jobs)  # a finished job holds no view of the slot pool
 
 
 def test_latency_is_charged_per_copy() -> None:

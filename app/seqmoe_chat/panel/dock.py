@@ -137,9 +137,9 @@ class TelemetryDock(QDockWidget):
             all_resident = info.policy == "full"
             # The same model resized or given another policy keeps its reply's figures; another model does not.
             if model is None or self.info is None or self.info.path != info.path or (
-                model.num_layers, model.num_experts, model.bytes_per_expert, model.all_resident
-            ) != (info.num_layers, info.experts_per_layer, info.geometry.bytes_per_expert, all_resident):
-                self.model = TelemetryModel(info.num_layers, info.experts_per_layer, info.geometry.bytes_per_expert,
+                model.num_layers, model.num_experts, model.bytes_per_copy, model.all_resident
+            ) != (info.num_layers, info.experts_per_layer, info.bytes_per_copy, all_resident):
+                self.model = TelemetryModel(info.num_layers, info.experts_per_layer, info.bytes_per_copy,
                                             all_resident=all_resident)
             self.info = info
             self.monitor.use_device(_cuda_index(info.device))

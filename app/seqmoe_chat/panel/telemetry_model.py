@@ -122,7 +122,7 @@ class RecallTally:
 class TelemetryModel:
     num_layers: int
     num_experts: int
-    bytes_per_expert: int
+    bytes_per_copy: float  # what one expert's copy moves over the link (packed experts move less than they take)
     all_resident: bool = False  # the full policy: every expert stays on the device, no cache events
     counters: Counters = field(default_factory=Counters)
     recall: dict[int, RecallTally] = field(default_factory=dict)
@@ -193,7 +193,7 @@ class TelemetryModel:
     def engine_bytes_per_s(self) -> float | None:
         """Bytes copied to the device per second of this generation, from the event counts."""
         seconds = self.counters.seconds
-        return self.counters.copies * self.bytes_per_expert / seconds if seconds > 0 else None
+        return self.counters.copies * self.bytes_per_copy / seconds if seconds > 0 else None
 
     def summary(self) -> dict[str, Any]:
         """The current generation's figures as plain JSON values."""

@@ -1,0 +1,156 @@
+"""Lossless packing of bfloat16 experts, so that fewer bytes cross the link.
+
+Offloaded decode is bound by the link: every expert copied is a copy the next layers may
+wait for. A bfloat16 weight is a sign, 8 exponent bits and 7 mantissa bits, and the
+exponents of trained weights crowd into a few values (2.6 bits of entropy in the demo
+model's experts; DFloat11, Zhang et al. 2025, measured about as much in every LLM it
+tried). So each expert is kept packed in host memory, and a copy moves 12 bits a weight:
+
+* one byte of sign and mantissa per weight;
+* the exponent as a 4-bit code, the offset from the lowest exponent of the 16-value window
+  that holds the most of the tensor's weights, two codes a byte (the first half of the
+  tensor's weights in the low nibbles, the second half in the high ones, so that unpacking
+  is two plain passes);
+* the weights whose exponent lies outside the window (about 1 in 10,000 in the demo's
+  experts) whole, with their positions, written over the unpacked tensor last.
+
+Unpacking is a few elementwise tensor operations, on whatever device the packed bytes were
+copied to, and gives back every bit: the slot holds exactly the weights of the unoffloaded
+model. Other dtypes (float16, float32, ...) are copied as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+WINDOW = 16
+"""Exponents a 4-bit code covers."""
+UNPACK_WORKSPACE = 1.5
+"""Device memory one unpacking holds beside the slot, in experts' bytes: the packed bytes copied
+over (about 0.75) and one half-tensor of codes widened to int16 (0.5). Copies unpack one at a
+time, in their stream's order, so the allocator reuses it for the next."""
+WORTH_PACKING = 0.9
+"""Packed experts are kept only if they take at most this share of the raw bytes (see ``HostStore``)."""
+_KEEP_SIGN_AND_MANTISSA = -32641
+"""0x807F as int16: of a sign-extended sign-and-mantissa byte, the sign bit and the mantissa."""
+_ALIGN = 4
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Where one tensor's parts lie in its expert's packed bytes (offsets in bytes)."""
+
+    numel: int
+    base: int
+    """The exponent that code 0 stands for."""
+    sign_mantissa: int
+    codes: int
+    escape_index: int
+    """int32 positions, in the tensor, of the weights kept whole."""
+    escape_bits: int
+    """Their int16 bit patterns."""
+    escapes: int
+
+
+@dataclass(frozen=True)
+class PackedExpert:
+    """One expert's tensors packed into ``data`` (uint8), one segment per tensor."""
+
+    data: torch.Tensor
+    segments: tuple[Segment, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def write_into(self, destinations: Sequence[torch.Tensor], non_blocking: bool = False) -> None:
+        """Unpack into ``destinations`` (bfloat16, contiguous, one per segment), on their device: the
+        packed bytes cross to it first, then unpack there (on the current CUDA stream)."""
+        data = self.data.to(destinations[0].device, non_blocking=non_blocking)
+        for destination, segment in zip(destinations, self.segments):
+            unpack_into(destination, data, segment)
+
+
+@dataclass(frozen=True)
+class RawExpert:
+    """One expert's tensors as they are, for dtypes that are not packed."""
+
+    tensors: tuple[torch.Tensor, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(tensor.numel() * tensor.element_size() for tensor in self.tensors)
+
+    def write_into(self, destinations: Sequence[torch.Tensor], non_blocking: bool = False) -> None:
+        for destination, source in zip(destinations, self.tensors):
+            destination.copy_(source, non_blocking=non_blocking)
+
+
+def packable(dtype: torch.dtype) -> bool:
+    return dtype == torch.bfloat16
+
+
+def pack(tensors: Sequence[torch.Tensor]) -> PackedExpert:
+    """One expert's bfloat16 ``tensors``, packed."""
+    parts: list[torch.Tensor] = []
+    segments = []
+    offset = 0
+
+    def place(part: torch.Tensor) -> int:
+        nonlocal offset
+        pad = -offset % _ALIGN
+        if pad:
+            parts.append(torch.zeros(pad, dtype=torch.uint8))
+        at = offset + pad
+        raw = part.contiguous().view(-1).view(torch.uint8)
+        parts.append(raw)
+        offset = at + raw.numel()
+        return at
+
+    for tensor in tensors:
+        bits = tensor.detach().contiguous().view(-1).view(torch.int16)
+        exponent = (bits >> 7) & 0xFF
+        # About 65,536 of the weights are plenty to find where the exponents crowd; the rest only
+        # decide how many weights are kept whole.
+        counts = torch.bincount(exponent[:: max(1, exponent.numel() >> 16)], minlength=256)
+        base = int(counts.unfold(0, WINDOW, 1).sum(dim=1).argmax())
+        code = exponent - base
+        escape_index = code.bitwise_and(-WINDOW).ne_(0).nonzero().view(-1).to(torch.int32)
+        code = code.clamp_(0, WINDOW - 1).to(torch.uint8)
+        half = (code.numel() + 1) // 2
+        high = torch.zeros(half, dtype=torch.uint8)
+        high[: code.numel() - half] = code[half:]
+        sign_mantissa = ((bits & 0x7F) | ((bits >> 8) & 0x80)).to(torch.uint8)
+        escape_bits = bits[escape_index.long()]
+        segments.append(
+            Segment(
+                numel=code.numel(),
+                base=base,
+                sign_mantissa=place(sign_mantissa),
+                codes=place(code[:half] | (high << 4)),
+                escape_index=place(escape_index),
+                escape_bits=place(escape_bits),
+                escapes=escape_index.numel(),
+            )
+        )
+    return PackedExpert(torch.cat(parts), tuple(segments))
+
+
+def unpack_into(destination: torch.Tensor, data: torch.Tensor, segment: Segment) -> None:
+    """Write the tensor ``segment`` of ``data`` describes into ``destination``, bit for bit."""
+    count, half = segment.numel, (segment.numel + 1) // 2
+    # Built in the destination itself: besides the packed bytes, unpacking holds at most half the
+    # tensor's size more (``UNPACK_WORKSPACE``).
+    out = destination.view(-1).view(torch.int16)
+    out.copy_(data[segment.sign_mantissa : segment.sign_mantissa + count].view(torch.int8))  # sign-extended
+    out.bitwise_and_(_KEEP_SIGN_AND_MANTISSA)
+    codes = data[segment.codes : segment.codes + half]
+    base = segment.base << 7
+    out[:half].bitwise_or_((codes & 0xF).to(torch.int16).mul_(128).add_(base))
+    out[half:].bitwise_or_((codes[: count - half] >> 4).to(torch.int16).mul_(128).add_(base))
+    if segment.escapes:
+        index = data[segment.escape_index : segment.escape_index + 4 * segment.escapes].view(torch.int32).long()
+        out[index] = data[segment.escape_bits : segment.escape_bits + 2 * segment.escapes].view(torch.int16)
