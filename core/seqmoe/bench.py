@@ -85,7 +85,9 @@ class BenchRow:
     totals: Totals
     ratio_to_full: float
     same_tokens: bool
-    expert_bytes: int
+    bytes_per_copy: float
+    """What one expert's copy moves over the link, on average (packed experts differ only by the
+    few weights each keeps whole), to count copies from the bytes."""
     copy_layers: float | None = None
     """One expert copy in layers of ``full``'s decode compute, as run (emulated link)."""
 
@@ -96,7 +98,7 @@ class BenchRow:
             "cache_ratio": self.cache_ratio,
             "cache_slots": self.cache_slots,
             **totals,
-            "decode_copies_per_token": totals["decode_h2d_bytes_per_token"] / self.expert_bytes,
+            "decode_copies_per_token": totals["decode_h2d_bytes_per_token"] / self.bytes_per_copy,
             "ratio_to_full": self.ratio_to_full,
             "same_tokens_as_full": self.same_tokens,
             "copy_layers": self.copy_layers,
@@ -192,7 +194,7 @@ def run_bench(
     copy takes that many layers of ``full``'s decode."""
     greedy = Sampling(max_new_tokens=max_new_tokens)
     layers = engine.loaded.host.num_layers
-    expert_bytes = engine.loaded.host.layout.bytes_per_expert
+    bytes_per_copy = engine.loaded.host.bytes_per_copy
     engine.configure("full")
     engine.generate(prompts[0], Sampling(max_new_tokens=4))
     reference = [engine.generate(p, greedy) for p in prompts]
@@ -232,9 +234,9 @@ def run_bench(
             speed = totals.decode_tokens / full_seconds if full_seconds > 0 else 0.0
             ratio_to_full = totals.tokens_per_s / speed if speed > 0 else 0.0
             copy_ran = sum(ran) / len(ran) if ran else None
-            rows.append(BenchRow(policy, ratio, slots, totals, ratio_to_full, same, expert_bytes, copy_ran))
+            rows.append(BenchRow(policy, ratio, slots, totals, ratio_to_full, same, bytes_per_copy, copy_ran))
     engine.configure("full")
-    rows.insert(0, BenchRow("full", 1.0, engine.cache_slots, full, 1.0, True, expert_bytes))
+    rows.insert(0, BenchRow("full", 1.0, engine.cache_slots, full, 1.0, True, bytes_per_copy))
     engine.close()
     return BenchResult(rows, bounds)
 

@@ -47,31 +47,37 @@ class Segment:
     base: int
     """The exponent that code 0 stands for."""
     sign_mantissa: int
+    """In ``PackedExpert.data``."""
     codes: int
+    """In ``PackedExpert.data``."""
     escape_index: int
-    """int32 positions, in the tensor, of the weights kept whole."""
+    """In ``PackedExpert.escapes``: int32 positions, in the tensor, of the weights kept whole."""
     escape_bits: int
-    """Their int16 bit patterns."""
+    """In ``PackedExpert.escapes``: their int16 bit patterns."""
     escapes: int
 
 
 @dataclass(frozen=True)
 class PackedExpert:
-    """One expert's tensors packed into ``data`` (uint8), one segment per tensor."""
+    """One expert's tensors packed: ``data`` of a size set by their shapes, and ``escapes``, the
+    weights kept whole (uint8 both; one segment per tensor)."""
 
     data: torch.Tensor
+    escapes: torch.Tensor
     segments: tuple[Segment, ...]
 
     @property
     def nbytes(self) -> int:
-        return self.data.numel()
+        return self.data.numel() + self.escapes.numel()
 
     def write_into(self, destinations: Sequence[torch.Tensor], non_blocking: bool = False) -> None:
         """Unpack into ``destinations`` (bfloat16, contiguous, one per segment), on their device: the
         packed bytes cross to it first, then unpack there (on the current CUDA stream)."""
-        data = self.data.to(destinations[0].device, non_blocking=non_blocking)
+        device = destinations[0].device
+        data = self.data.to(device, non_blocking=non_blocking)
+        escapes = self.escapes.to(device, non_blocking=non_blocking)
         for destination, segment in zip(destinations, self.segments):
-            unpack_into(destination, data, segment)
+            unpack_into(destination, data, escapes, segment)
 
 
 @dataclass(frozen=True)
@@ -93,53 +99,51 @@ def packable(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16
 
 
-def pack(tensors: Sequence[torch.Tensor]) -> PackedExpert:
-    """One expert's bfloat16 ``tensors``, packed."""
-    parts: list[torch.Tensor] = []
-    segments = []
+def _aligned(offset: int) -> int:
+    return offset + -offset % _ALIGN
+
+
+def packed_size(numels: Sequence[int]) -> int:
+    """Bytes of ``PackedExpert.data`` for tensors of these sizes: a byte and a half a weight."""
     offset = 0
+    for count in numels:
+        offset = _aligned(_aligned(offset) + count) + (count + 1) // 2
+    return _aligned(offset)
 
-    def place(part: torch.Tensor) -> int:
-        nonlocal offset
-        pad = -offset % _ALIGN
-        if pad:
-            parts.append(torch.zeros(pad, dtype=torch.uint8))
-        at = offset + pad
-        raw = part.contiguous().view(-1).view(torch.uint8)
-        parts.append(raw)
-        offset = at + raw.numel()
-        return at
 
+def pack(tensors: Sequence[torch.Tensor], data: torch.Tensor | None = None) -> PackedExpert:
+    """One expert's bfloat16 ``tensors``, packed into ``data`` (``packed_size`` bytes; new if not given)."""
+    if data is None:
+        data = torch.empty(packed_size([tensor.numel() for tensor in tensors]), dtype=torch.uint8)
+    segments, escaped, offset, escape_offset = [], [], 0, 0
     for tensor in tensors:
         bits = tensor.detach().contiguous().view(-1).view(torch.int16)
-        exponent = (bits >> 7) & 0xFF
+        count, half = bits.numel(), (bits.numel() + 1) // 2
+        code = (bits >> 7).bitwise_and_(0xFF)
         # About 65,536 of the weights are plenty to find where the exponents crowd; the rest only
         # decide how many weights are kept whole.
-        counts = torch.bincount(exponent[:: max(1, exponent.numel() >> 16)], minlength=256)
+        counts = torch.bincount(code[:: max(1, count >> 16)], minlength=256)
         base = int(counts.unfold(0, WINDOW, 1).sum(dim=1).argmax())
-        code = exponent - base
+        code.sub_(base)
         escape_index = code.bitwise_and(-WINDOW).ne_(0).nonzero().view(-1).to(torch.int32)
-        code = code.clamp_(0, WINDOW - 1).to(torch.uint8)
-        half = (code.numel() + 1) // 2
-        high = torch.zeros(half, dtype=torch.uint8)
-        high[: code.numel() - half] = code[half:]
-        sign_mantissa = ((bits & 0x7F) | ((bits >> 8) & 0x80)).to(torch.uint8)
+        code.clamp_(0, WINDOW - 1)
+        code[half:].bitwise_left_shift_(4)
+        code[: count - half].bitwise_or_(code[half:])
+        sign_mantissa_at = _aligned(offset)
+        codes_at = _aligned(sign_mantissa_at + count)
+        # The sign to bit 7 of the byte (the int16 -> uint8 copy keeps the low byte).
+        sign_and_mantissa = bits & _KEEP_SIGN_AND_MANTISSA
+        data[sign_mantissa_at : sign_mantissa_at + count].copy_(sign_and_mantissa.bitwise_or_(sign_and_mantissa >> 8))
+        data[codes_at : codes_at + half].copy_(code[:half])
+        offset = codes_at + half
         escape_bits = bits[escape_index.long()]
-        segments.append(
-            Segment(
-                numel=code.numel(),
-                base=base,
-                sign_mantissa=place(sign_mantissa),
-                codes=place(code[:half] | (high << 4)),
-                escape_index=place(escape_index),
-                escape_bits=place(escape_bits),
-                escapes=escape_index.numel(),
-            )
-        )
-    return PackedExpert(torch.cat(parts), tuple(segments))
+        escaped += [escape_index.view(torch.uint8), escape_bits.view(torch.uint8), torch.zeros(-escape_bits.numel() * 2 % _ALIGN, dtype=torch.uint8)]
+        segments.append(Segment(count, base, sign_mantissa_at, codes_at, escape_offset, escape_offset + 4 * escape_index.numel(), escape_index.numel()))
+        escape_offset += 6 * escape_index.numel() + escaped[-1].numel()
+    return PackedExpert(data, torch.cat(escaped), tuple(segments))
 
 
-def unpack_into(destination: torch.Tensor, data: torch.Tensor, segment: Segment) -> None:
+def unpack_into(destination: torch.Tensor, data: torch.Tensor, escapes: torch.Tensor, segment: Segment) -> None:
     """Write the tensor ``segment`` of ``data`` describes into ``destination``, bit for bit."""
     count, half = segment.numel, (segment.numel + 1) // 2
     # Built in the destination itself: besides the packed bytes, unpacking holds at most half the
@@ -152,5 +156,5 @@ def unpack_into(destination: torch.Tensor, data: torch.Tensor, segment: Segment)
     out[:half].bitwise_or_((codes & 0xF).to(torch.int16).mul_(128).add_(base))
     out[half:].bitwise_or_((codes[: count - half] >> 4).to(torch.int16).mul_(128).add_(base))
     if segment.escapes:
-        index = data[segment.escape_index : segment.escape_index + 4 * segment.escapes].view(torch.int32).long()
-        out[index] = data[segment.escape_bits : segment.escape_bits + 2 * segment.escapes].view(torch.int16)
+        index = escapes[segment.escape_index : segment.escape_index + 4 * segment.escapes].view(torch.int32).long()
+        out[index] = escapes[segment.escape_bits : segment.escape_bits + 2 * segment.escapes].view(torch.int16)
