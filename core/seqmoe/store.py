@@ -79,9 +79,9 @@ class HostStore:
 
     bfloat16 experts are kept packed (``compression``): about three quarters of their bytes,
     in host memory and over the link, every bit given back when a copy unpacks into its slot.
-    Other dtypes, and a model whose first layer does not pack to ``WORTH_PACKING`` of its
-    bytes, are kept as they are, and the modules' expert parameters then become the store's
-    tensors. A layer's packed (or pinned) copy replaces its loaded weights at once, so host
+    Other dtypes, and a layer that does not pack to ``WORTH_PACKING`` of its bytes (weights
+    spread over many exponents, or many exact zeros: each kept whole costs 6 bytes), are kept
+    as they are, and the modules' expert parameters then become the store's tensors. A layer's packed (or pinned) copy replaces its loaded weights at once, so host
     memory holds the model and one layer's experts more at most, not two copies of every
     expert. Packed, the modules' expert parameters keep their shapes over no memory: only the
     store's copies are ever computed with.
@@ -89,18 +89,19 @@ class HostStore:
 
     def __init__(self, modules: list[nn.Module], pin: bool) -> None:
         self.layout = ExpertLayout.of(modules[0])
-        self.packed = packable(self.layout.dtype)
+        self.packed = False
+        """Whether any layer is kept packed."""
         self._experts: list[list[PackedExpert | RawExpert]] = []
         for module in modules:
             if ExpertLayout.of(module) != self.layout:
                 raise ValueError("MoE layers with different expert shapes")
             params = [expert_parameters(module)[name] for name in self.layout.names]
-            layer = self._pack_layer([param.data for param in params], pin) if self.packed else None
+            layer = self._pack_layer([param.data for param in params], pin) if packable(self.layout.dtype) else None
             if layer is not None:
+                self.packed = True
                 for param in params:
                     param.data = torch.zeros((), dtype=param.dtype).expand(param.shape)
             else:
-                self.packed = False
                 for param in params:
                     tensor = param.data.to("cpu").contiguous()
                     param.data = tensor.pin_memory() if pin else tensor
@@ -111,15 +112,14 @@ class HostStore:
 
     def _pack_layer(self, tensors: list[torch.Tensor], pin: bool) -> list[PackedExpert] | None:
         """The layer's experts packed into one (pinned) buffer, a row each, and one for the weights
-        they keep whole; ``None`` if the first layer packs to more than ``WORTH_PACKING`` of its
-        bytes (a later one is packed regardless). Packed straight into the rows: a buffer per
+        they keep whole; ``None`` if they pack to more than ``WORTH_PACKING`` of their bytes. Packed straight into the rows: a buffer per
         expert, freed once copied, left host memory fragmented (0.4 GiB of a 1.5 GiB model
         held after loading)."""
         experts = self.layout.num_experts
         rows = torch.empty((experts, packed_size([math.prod(shape) for shape in self.layout.shapes])), dtype=torch.uint8)
         rows = rows.pin_memory() if pin else rows
         packed = [pack([tensor[expert] for tensor in tensors], rows[expert]) for expert in range(experts)]
-        if not self._experts and sum(e.nbytes for e in packed) > WORTH_PACKING * self.layout.bytes_per_expert * experts:
+        if sum(e.nbytes for e in packed) > WORTH_PACKING * self.layout.bytes_per_expert * experts:
             return None
         blob = torch.cat([expert.escapes for expert in packed])
         blob = blob.pin_memory() if pin else blob

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from seqmoe.compression import pack
+from seqmoe.compression import PackedExpert, RawExpert, pack
 from seqmoe.store import HostStore
 
 
@@ -59,6 +59,19 @@ def test_experts_that_do_not_pack_well_are_kept_as_they_are() -> None:
     assert not host.packed and host.bytes_per_copy == host.layout.bytes_per_expert
     assert same_bits(host.expert((1, 2)).tensors[0], noise[2])
     assert modules[1].gate_up_proj.data_ptr() == host.expert((1, 0)).tensors[0].data_ptr()  # no second copy
+
+
+def test_a_layer_that_does_not_pack_well_is_kept_as_it_is_beside_packed_ones() -> None:
+    """Mostly exact zeros (exponent 0, far from the others): each would be kept whole, at 6 bytes."""
+    torch.manual_seed(0)
+    dense = (torch.randn(4, 32, 32) * 0.02).to(torch.bfloat16)
+    sparse = dense.clone()
+    sparse[:, :, 8:] = 0
+    host = HostStore([Experts(dense.clone()), Experts(sparse.clone())], pin=False)
+    assert host.packed and isinstance(host.expert((0, 1)), PackedExpert) and isinstance(host.expert((1, 1)), RawExpert)
+    assert host.bytes_per_copy == (0.75 * 32 * 32 * 2 + 32 * 32 * 2) / 2  # one layer packed, one raw: no escapes
+    for layer, weights in enumerate((dense, sparse)):
+        assert same_bits(host.layer_on(layer, torch.device("cpu"))["gate_up_proj"], weights)
 
 
 def test_other_dtypes_are_kept_as_they_are() -> None:
