@@ -50,7 +50,8 @@ def engine_context(model: ModelInfo | None, memory: MemorySample, chats: sqlite3
     gpu = memory.gpu if model.device.startswith("cuda") else None
 
     def speeds_for(policy: str) -> dict[int, float]:
-        return measured_speeds(chats, model.name, policy, model.device, model.link_setup, model.link_gbps)
+        return measured_speeds(chats, model.name, policy, model.device, model.link_setup, model.link_gbps,
+                               model.bytes_per_copy)
 
     if gpu is None:
         return EngineContext(model, None, speeds_for)

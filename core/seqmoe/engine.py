@@ -435,6 +435,7 @@ class Engine:
             link=self.link,
             link_setup=self.link_setup,
             link_gbps=self.link_gbps if self.link == "emulated" else None,
+            bytes_per_copy=self.loaded.host.bytes_per_copy,
             prompt_tokens=len(prompt_ids),
             reused_prompt_tokens=reused,
             time_to_first_token=(streamer.first_token_at or seconds + start) - start,

@@ -22,6 +22,9 @@ class GenerationStats:
     """The consumer setup the emulated link was matched to (``Engine.link_setup``)."""
     link_gbps: float | None = None
     """The emulated link's speed; None on a real link."""
+    bytes_per_copy: float = 0.0
+    """What one expert's copy moved over the link, on average (``HostStore.bytes_per_copy``:
+    less than a slot's bytes when the experts are packed)."""
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0
     """The prompt's first tokens whose keys and values the previous reply's cache held (no prefill)."""

@@ -116,9 +116,11 @@ def test_the_link_note_says_what_the_emulated_link_runs_at() -> None:
 def test_measured_speeds_count_only_replies_on_the_same_link(tmp_path) -> None:
     store = ConversationStore(open_database(tmp_path / "chats.sqlite3").connection)
     conversation = store.create()
-    base = {"policy": "seqmoe", "device": "cpu", "link": "emulated"}
+    base = {"policy": "seqmoe", "device": "cpu", "link": "emulated", "bytes_per_copy": 82972.5}
     replies = [  # oldest first
         ({**base, "cache_slots": 10, "decode_tokens_per_s": 50.0}, "demo"),  # stored before the link was recorded
+        ({**base, "cache_slots": 30, "decode_tokens_per_s": 9.0, "link_setup": DEFAULT_SETUP, "bytes_per_copy": 110592.0},
+         "demo"),  # copies of more bytes: before the experts were packed
         ({**base, "cache_slots": 10, "decode_tokens_per_s": 60.0, "link_setup": None, "link_gbps": 25.0}, "demo"),
         ({**base, "cache_slots": 10, "decode_tokens_per_s": 20.0, "link_setup": DEFAULT_SETUP, "link_gbps": 0.013}, "demo"),
         ({**base, "cache_slots": 20, "decode_tokens_per_s": 30.0, "link_setup": DEFAULT_SETUP, "link_gbps": 0.017}, "demo"),
@@ -129,7 +131,7 @@ def test_measured_speeds_count_only_replies_on_the_same_link(tmp_path) -> None:
         store.update_message(message.id, stats=stats, model_id=model_id)
     chats = store.connection
     # Matched to the same setup: its speed follows the machine's, so any of them counts.
-    assert measured_speeds(chats, "demo", "seqmoe", "cpu", DEFAULT_SETUP, 0.015) == {10: 20.0, 20: 30.0}
+    assert measured_speeds(chats, "demo", "seqmoe", "cpu", DEFAULT_SETUP, 0.015, 82972.5) == {10: 20.0, 20: 30.0}
     assert measured_speeds(chats, "demo", "seqmoe", "cpu", None, 25.0) == {10: 60.0}
     assert measured_speeds(chats, "demo", "seqmoe", "cpu", None, 2.5) == {}
     assert measured_speeds(chats, "demo", "gate", "cpu", DEFAULT_SETUP, 0.015) == {}

@@ -83,6 +83,7 @@ def test_generate_without_model_chats_with_the_demo_offline(capsys: pytest.Captu
     assert result["text"].strip() and result["stats"]["policy"] == "seqmoe"  # the app's default too
     assert result["stats"]["cache_ratio"] == pytest.approx(0.45, abs=0.01)
     assert (result["stats"]["link_setup"], result["stats"]["link_gbps"]) == (None, 25.0)
+    assert 0.74 < result["stats"]["bytes_per_copy"] / (3 * 192 * 96 * 2) < 0.76  # the demo's bf16 experts, packed
 
 
 def test_generate_can_match_the_emulated_link_to_a_setup_as_the_app_does(capsys: pytest.CaptureFixture[str]) -> None:

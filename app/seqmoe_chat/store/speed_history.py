@@ -21,12 +21,13 @@ class SpeedEstimate:
 
 def measured_speeds(
     connection: sqlite3.Connection, model_id: str, policy: str, device: str,
-    link_setup: str | None = None, link_gbps: float | None = None,
+    link_setup: str | None = None, link_gbps: float | None = None, bytes_per_copy: float | None = None,
 ) -> dict[int, float]:
     """Decode tokens/s by cache slots for ``model_id`` with ``policy`` on ``device``; the newest reply wins.
     On an emulated link only replies on the same one count: matched to the same setup (whose
     speed follows the machine's), else at the same fixed speed; replies stored before the link
-    was recorded do not."""
+    was recorded do not. Given ``bytes_per_copy``, only replies whose copies moved as many bytes
+    count: those from before the experts were packed moved more."""
     rows = connection.execute(
         "SELECT stats FROM messages WHERE role = ? AND state = ? AND model_id = ? ORDER BY id DESC LIMIT ?",
         (ASSISTANT, DONE, model_id, RECENT_REPLIES),
@@ -37,7 +38,8 @@ def measured_speeds(
         speed = stats.get("decode_tokens_per_s") or stats.get("tokens_per_s")
         slots = stats.get("cache_slots")
         if (stats.get("policy") == policy and stats.get("device") == device and speed and isinstance(slots, int)
-                and _same_link(stats, link_setup, link_gbps)):
+                and _same_link(stats, link_setup, link_gbps)
+                and (bytes_per_copy is None or stats.get("bytes_per_copy") == bytes_per_copy)):
             speeds.setdefault(slots, float(speed))
     return speeds
 
