@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="comma-separated, of: " + ", ".join(SIMULATED_POLICIES) + " (oracle-next: the oracle seeing one token ahead)")
     simulate.add_argument("--compute-efficiency", type=float, default=1.0,
                           help="share of the GPU's memory bandwidth a decode layer reaches (default 1: the roofline)")
+    simulate.add_argument("--packed-share", type=float, default=1.0,
+                          help="share of an expert's bytes a copy moves (default 1: raw copies; the engine packs "
+                               "bf16 experts, 75%% of their bytes on the demo model: 0.75)")
     simulate.add_argument("--cache-ratios", default="0.2,0.3,0.45,0.6,0.8")
     simulate.add_argument("--predictor", type=Path,
                           help="predictor file for the seqmoe policy (default: the calibrated or bundled one for the traced model)")
@@ -345,7 +348,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     routers = traced_routers(args.model, traces.manifest["model"]) if "gate" in policies else None
     if not 0 < args.compute_efficiency <= 1:
         raise SeqMoEError("--compute-efficiency is a share of the memory bandwidth: above 0, at most 1")
-    hardware, shape = HARDWARE[args.profile].at_efficiency(args.compute_efficiency), SHAPES[args.shape]
+    if not 0 < args.packed_share <= 1:
+        raise SeqMoEError("--packed-share is the share of an expert's bytes a copy moves: above 0, at most 1")
+    hardware = HARDWARE[args.profile].at_efficiency(args.compute_efficiency)
+    shape = SHAPES[args.shape].packed(args.packed_share)
     try:
         rows = [simulate(traces, policy, ratio, hardware, shape, predictor, routers).as_dict()
                 for ratio in ratios for policy in policies]
@@ -357,7 +363,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     print(f"{hardware.description}; {shape.description}; {rows[0]['tokens']} decode tokens of {args.traces}", file=out)
     print(f"{'policy':<12}{'ratio':>7}{'vs full':>9}{'hit rate':>10}{'stall ms/tok':>14}{'copies/tok':>12}{'unused pf':>11}{'prefill vs full':>17}", file=out)
-    copy_bytes = shape.expert_bytes
+    copy_bytes = shape.copy_bytes
     for row in rows:
         print(f"{row['policy']:<12}{row['cache_ratio']:>7.2f}{row['ratio_to_full']:>9.1%}{row['hit_rate']:>10.1%}"
               f"{1000 * row['stall_seconds_per_token']:>14.3f}{row['h2d_bytes_per_token'] / copy_bytes:>12.2f}"

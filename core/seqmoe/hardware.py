@@ -18,7 +18,7 @@ class Hardware:
 
     def copy_seconds(self, shape: ModelShape) -> float:
         """One expert's copy over the link."""
-        return self.link_latency_s + shape.expert_bytes / self.link_bytes_per_s
+        return self.link_latency_s + shape.copy_bytes / self.link_bytes_per_s
 
     def layer_seconds(self, shape: ModelShape) -> float:
         """One MoE layer's decode, bound by memory bandwidth."""
@@ -39,10 +39,22 @@ class ModelShape:
     expert_bytes: int
     attention_bytes: int
     top_k: int
+    packed_share: float = 1.0
+    """The share of an expert's bytes its copy moves (below 1 with packed experts, ``compression``)."""
 
     @property
     def layer_bytes(self) -> int:
         return self.top_k * self.expert_bytes + self.attention_bytes
+
+    @property
+    def copy_bytes(self) -> int:
+        return round(self.expert_bytes * self.packed_share)
+
+    def packed(self, share: float) -> ModelShape:
+        """The same model with copies moving ``share`` of an expert's bytes (compute reads them all)."""
+        if share == 1.0:
+            return self
+        return replace(self, description=f"{self.description}, copies packed to {share:.0%}", packed_share=share)
 
 
 HARDWARE = {

@@ -3,7 +3,7 @@ on a virtual clock, with the costs of a named GPU, link and model shape.
 
 The same ``ExpertCache``, scheduler and policies as at run time make every decision; only
 time is modelled: a decode layer computes in ``layer_bytes / memory bandwidth`` (decode is
-memory-bandwidth bound; ``Hardware.at_efficiency`` models an engine reaching only part of it), a copy takes ``latency + expert_bytes / link bandwidth`` on one
+memory-bandwidth bound; ``Hardware.at_efficiency`` models an engine reaching only part of it), a copy takes ``latency + copy_bytes / link bandwidth`` on one
 lane, and compute waits for a missing expert. Routing comes from the trace, so a trace of
 a small model stands in for the routing of a large one, whose byte sizes come from the
 model shape.
@@ -166,7 +166,7 @@ def simulate(
     host = _NoWeights(layers, experts)
     slots = cache_slots(traces, cache_ratio)
     clock = VirtualClock()
-    copier = SimulatedCopier(clock, hardware.copy_seconds(shape), shape.expert_bytes)
+    copier = SimulatedCopier(clock, hardware.copy_seconds(shape), shape.copy_bytes)
     steps = replay_steps(traces, slots)
     policy = _policy(policy_name, traces, steps, predictor, routers)
     cache = ExpertCache(host, slots, torch.device("cpu"), copier, policy, EventBus(), clock=clock)

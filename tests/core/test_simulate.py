@@ -116,7 +116,8 @@ def test_simulated_gate_refuses_routers_of_another_model(
 
 @pytest.mark.parametrize(("flags", "message"), [(["--cache-ratios", "0,0.5"], "above 0 and at most 1"),
                                                 (["--profile", "rtx3090"], "unknown profile 'rtx3090'"),
-                                                (["--shape", "llama"], "unknown shape 'llama'")])
+                                                (["--shape", "llama"], "unknown shape 'llama'"),
+                                                (["--packed-share", "1.5"], "--packed-share is the share")])
 def test_simulate_command_refuses_bad_flags(traced: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
                                             flags: list[str], message: str) -> None:
     status = main(["simulate", "--traces", str(traced[1]), "--policies", "lru", *flags])
@@ -140,6 +141,17 @@ def test_the_copy_bound_is_beladys_min() -> None:
     copy = hardware.link_latency_s + shape.expert_bytes / hardware.link_bytes_per_s
     assert bound.ratio_to_full == pytest.approx(shape.layer_bytes / hardware.memory_bytes_per_s / (4 / 9 * copy))
     assert simulate(traces, "lru", 0.67, hardware, shape).h2d_bytes == 9 * shape.expert_bytes
+
+
+def test_packed_copies_take_their_share_of_the_link_and_nothing_of_compute() -> None:
+    traces = _decode_only([0, 1, 2] * 3, experts=3)
+    hardware, raw = HARDWARE["rtx4090-pcie4"], SHAPES["olmoe"]
+    packed = raw.packed(0.75)
+    assert packed.layer_bytes == raw.layer_bytes and packed.copy_bytes == round(0.75 * raw.expert_bytes)
+    slow, fast = (simulate(traces, "lru", 0.67, hardware, shape) for shape in (raw, packed))
+    assert (fast.hits, fast.misses, fast.full_seconds) == (slow.hits, slow.misses, slow.full_seconds)
+    assert fast.h2d_bytes == 9 * packed.copy_bytes and fast.seconds < slow.seconds
+    assert copy_bound(traces, 0.67, hardware, packed).ratio_to_full > copy_bound(traces, 0.67, hardware, raw).ratio_to_full
 
 
 @pytest.mark.parametrize("policy", ["lru", "oracle"])
