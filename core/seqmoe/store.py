@@ -81,10 +81,11 @@ class HostStore:
     in host memory and over the link, every bit given back when a copy unpacks into its slot.
     Other dtypes, and a layer that does not pack to ``WORTH_PACKING`` of its bytes (weights
     spread over many exponents, or many exact zeros: each kept whole costs 6 bytes), are kept
-    as they are, and the modules' expert parameters then become the store's tensors. A layer's packed (or pinned) copy replaces its loaded weights at once, so host
-    memory holds the model and one layer's experts more at most, not two copies of every
-    expert. Packed, the modules' expert parameters keep their shapes over no memory: only the
-    store's copies are ever computed with.
+    as they are, and the modules' expert parameters then become the store's tensors. A
+    layer's packed (or pinned) copy replaces its loaded weights at once, so host memory holds
+    the model and one layer's experts more at most, not two copies of every expert. Packed,
+    the modules' expert parameters keep their shapes over no memory: only the store's copies
+    are ever computed with.
     """
 
     def __init__(self, modules: list[nn.Module], pin: bool) -> None:
@@ -112,11 +113,11 @@ class HostStore:
 
     def _pack_layer(self, tensors: list[torch.Tensor], pin: bool) -> list[PackedExpert] | None:
         """The layer's experts packed into one (pinned) buffer, a row each, and one for the weights
-        they keep whole; ``None`` if they pack to more than ``WORTH_PACKING`` of their bytes. Packed straight into the rows: a buffer per
-        expert, freed once copied, left host memory fragmented (0.4 GiB of a 1.5 GiB model
-        held after loading)."""
+        they keep whole; ``None`` if they pack to more than ``WORTH_PACKING`` of their bytes.
+        Packed straight into the rows: a buffer per expert, freed once copied, left host memory
+        fragmented (0.4 GiB of a 1.5 GiB model held after loading)."""
         experts = self.layout.num_experts
-        rows = torch.empty((experts, packed_size([math.prod(shape) for shape in self.layout.shapes])), dtype=torch.uint8)
+        rows = torch.empty((experts, packed_size([_numel(shape) for shape in self.layout.shapes])), dtype=torch.uint8)
         rows = rows.pin_memory() if pin else rows
         packed = [pack([tensor[expert] for tensor in tensors], rows[expert]) for expert in range(experts)]
         if sum(e.nbytes for e in packed) > WORTH_PACKING * self.layout.bytes_per_expert * experts:

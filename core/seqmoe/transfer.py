@@ -293,7 +293,8 @@ class CudaCopier:
     host-side queue, so an urgent copy (a miss) can still overtake planned prefetches.
     Each copy into a slot first waits for the event recorded when the compute stream
     last finished reading that slot, so a slot is never overwritten under a running
-    kernel. Stall time is the time the compute stream spends in ``wait_event``, timed
+    kernel. A packed expert's bytes are copied, then unpacked into the slot, both on the
+    copy stream, and its event follows both. Stall time is the time the compute stream spends in ``wait_event``, timed
     with CUDA events and summed lazily (no synchronisation on the hot path).
     """
 
