@@ -386,8 +386,12 @@ def load_model(model: str, device: str = "auto", dtype: str | None = None, on_pr
     hf_model.eval()
     experts = find_experts(hf_model)
     progress("Keeping the experts in host memory", 0.7)
+
+    def layer_kept(done: int) -> None:  # packing takes a while on large models: the bar moves, Cancel works
+        progress(f"Keeping the experts in host memory (layer {done} of {len(experts)})", 0.7 + 0.15 * done / len(experts))
+
     try:
-        host = HostStore(experts, pin=target.type == "cuda")
+        host = HostStore(experts, pin=target.type == "cuda", on_layer=layer_kept)
     except ValueError as error:
         raise ModelRefused(f"{type(hf_model).__name__}: {error}; seqmoe needs one expert shape") from None
     except RuntimeError as error:  # pinning: the driver could not lock that much host memory

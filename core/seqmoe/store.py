@@ -9,7 +9,7 @@ layer's expert, and the slot table says which.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
@@ -88,7 +88,8 @@ class HostStore:
     are ever computed with.
     """
 
-    def __init__(self, modules: list[nn.Module], pin: bool) -> None:
+    def __init__(self, modules: list[nn.Module], pin: bool, on_layer: Callable[[int], None] | None = None) -> None:
+        """``on_layer`` is told how many layers are kept after each (it may raise to stop)."""
         self.layout = ExpertLayout.of(modules[0])
         self.packed = False
         """Whether any layer is kept packed."""
@@ -108,6 +109,8 @@ class HostStore:
                     param.data = tensor.pin_memory() if pin else tensor
                 layer = [RawExpert(tuple(param.data[expert] for param in params)) for expert in range(self.layout.num_experts)]
             self._experts.append(layer)
+            if on_layer is not None:
+                on_layer(len(self._experts))
         self.bytes_per_copy = sum(e.nbytes for layer in self._experts for e in layer) / self.total_experts
         """Bytes one expert's copy moves over the link, on average (its slot takes ``layout.bytes_per_expert``)."""
 

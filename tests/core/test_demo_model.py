@@ -34,6 +34,24 @@ def test_demo_model_meets_the_size_and_shape_constraints() -> None:
     assert loaded.top_k >= 2
 
 
+def test_loading_reports_every_layer_it_packs_and_can_stop_between_them() -> None:
+    stages: list[tuple[str, float]] = []
+    loaded = load_model(str(DEMO), device="cpu", on_progress=lambda stage, fraction: stages.append((stage, fraction)))
+    kept = [(stage, fraction) for stage, fraction in stages if stage.startswith("Keeping the experts in host memory (")]
+    assert [stage for stage, _ in kept] == [f"Keeping the experts in host memory (layer {n} of 8)" for n in range(1, 9)]
+    assert [fraction for _, fraction in stages] == sorted(fraction for _, fraction in stages) and loaded.host.packed
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_layer_3(stage: str, fraction: float) -> None:
+        if "(layer 3 of" in stage:
+            raise Stop
+
+    with pytest.raises(Stop):
+        load_model(str(DEMO), device="cpu", on_progress=stop_at_layer_3)
+
+
 def test_chat_template_marks_roles_and_ends_turns_with_eos() -> None:
     tokenizer = AutoTokenizer.from_pretrained(DEMO)
     messages = [
