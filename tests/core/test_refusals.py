@@ -341,7 +341,7 @@ def test_a_failure_in_the_engines_own_code_is_not_blamed_on_the_model(
 
 def test_host_memory_that_cannot_be_pinned_is_refused_in_one_line(mixtral_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Pinning happens on CUDA only; what the driver says when it cannot lock that much RAM.
-    def pin(experts: object, pin: bool) -> None:
+    def pin(experts: object, pin: bool, on_layer: object = None) -> None:
         raise RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported")
 
     monkeypatch.setattr(seqmoe.loader, "HostStore", pin)
