@@ -22,6 +22,9 @@ variants are tried in turn until transformers itself can generate. One line per 
     CRASH     the engine raised something other than its own refusal (a bug)
     not built transformers could not build or run the tiny model (a limit of this sweep)
     skipped   a multimodal config (its text model type is swept on its own)
+
+With ``--dtype bfloat16`` the engine and transformers' reference load the models in bf16, so
+the engine keeps the experts packed (``compression``): every bit must come back.
 """
 
 from __future__ import annotations
@@ -100,7 +103,8 @@ def moe_model_types() -> list[str]:
     return found
 
 
-def sweep_one(model_type: str, workdir: Path) -> dict[str, object]:
+def sweep_one(model_type: str, workdir: Path, dtype: str | None = None) -> dict[str, object]:
+    import torch
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -132,14 +136,14 @@ def sweep_one(model_type: str, workdir: Path) -> dict[str, object]:
             settings["mlp_layer_types"] = kinds[:1] + kinds[-1:] * (settings["num_hidden_layers"] - 1)
         try:
             folder = build_model(workdir / f"{model_type}-{number}", config_class(**settings))
-            expected = reference_tokens(folder, greedy)
+            expected = reference_tokens(folder, greedy, **({"dtype": getattr(torch, dtype)} if dtype else {}))
             break
         except Exception as error:  # the tiny model is this sweep's guess, not the architecture's fault
             problem = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
     else:
         return {"result": "not built", "why": problem}
     try:
-        engine = Engine(load_model(str(folder), device="cpu"))
+        engine = Engine(load_model(str(folder), device="cpu", dtype=dtype))
     except SeqMoEError as error:
         return {"result": "refused", "why": str(error)}
     try:
@@ -151,6 +155,7 @@ def sweep_one(model_type: str, workdir: Path) -> dict[str, object]:
                 different.append(f"{policy}@{minimum if ratio is None else ratio:.2f}")
         agreement = router_agreement(engine.loaded)
         same_turn, reused = second_turn(engine, greedy)
+        packed = engine.loaded.host.packed
         if not same_turn:
             different.append("a second turn on the kept context")
     except Exception as error:
@@ -160,7 +165,8 @@ def sweep_one(model_type: str, workdir: Path) -> dict[str, object]:
     if different:
         return {"result": "DIFFERENT", "why": ", ".join(different)}
     kept = f"the second turn reused {reused} prompt tokens" if reused else "the second turn read its prompt afresh"
-    return {"result": "same", "why": f"the look-ahead's top-k holds {agreement:.0%} of the choice; {kept}"}
+    return {"result": "same", "why": f"the look-ahead's top-k holds {agreement:.0%} of the choice; {kept}"
+                                     + ("; experts packed" if packed else "")}
 
 
 def second_turn(engine: Engine, greedy: Sampling) -> tuple[bool, int]:
@@ -197,16 +203,19 @@ def main() -> int:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--timeout", type=int, default=300, help="seconds per model type")
+    parser.add_argument("--dtype", choices=["bfloat16"], help="load the engine and transformers' reference in this "
+                                                                "dtype (bfloat16: the engine's experts packed)")
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(sweep_one(args.one, args.workdir)))
+        print(json.dumps(sweep_one(args.one, args.workdir, args.dtype)))
         return 0
     bad = 0
     for model_type in args.model_types or moe_model_types():
         try:
             # The child's tiny checkpoints go, even when the timeout kills it.
             with tempfile.TemporaryDirectory(prefix="seqmoe-sweep-") as workdir:
-                child = subprocess.run([sys.executable, __file__, "--one", model_type, "--workdir", workdir],
+                dtype = ["--dtype", args.dtype] if args.dtype else []
+                child = subprocess.run([sys.executable, __file__, "--one", model_type, "--workdir", workdir, *dtype],
                                        capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
             lines = child.stdout.strip().splitlines()
             outcome = json.loads(lines[-1]) if child.returncode == 0 and lines else {
