@@ -131,11 +131,6 @@ def emulated_copy_seconds(engine: Engine) -> float:
     return engine.link_latency_s + engine.loaded.host.bytes_per_copy / (engine.link_gbps * 1e9)
 
 
-def sent_share(engine: Engine) -> float:
-    """The share of an expert's bytes its copy moves (below 1 when experts are packed)."""
-    host = engine.loaded.host
-    return host.bytes_per_copy / host.layout.bytes_per_expert
-
 
 def full_speed(engine: Engine, prompts: list[list[int]], sampling: Sampling) -> Totals:
     engine.configure("full")
@@ -208,7 +203,7 @@ def run_bench(
         if copy_layers is not None:
             counts = [fewest_copies(run, engine.cache_slots) for run in accesses]
             copies, tokens = (sum(column) for column in zip(*counts))
-            bounds.append(CopyBound.of(ratio, copies, tokens, layers, copy_layers * sent_share(engine)))
+            bounds.append(CopyBound.of(ratio, copies, tokens, layers, copy_layers * engine.loaded.host.packed_share))
         futures = [future_of(run) for run in accesses]
         for policy in policies:
             if policy == "full":

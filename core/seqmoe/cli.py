@@ -210,7 +210,6 @@ def run_bench_command(args: argparse.Namespace) -> int:
         format_table,
         match_link,
         plot,
-        sent_share,
         run_bench,
     )
 
@@ -243,7 +242,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         link_note = (f"emulated link set before every run so that one expert's bytes take {copy_layers:.2f} x one MoE "
                      f"layer's decode compute of full, measured just before each prompt's run, as for {setup.description}")
         if engine.loaded.host.packed:
-            link_note += f"; packed losslessly, a copy moves {sent_share(engine):.1%} of them"
+            link_note += f"; packed losslessly, a copy moves {engine.loaded.host.packed_share:.1%} of them"
         if args.event_overhead:  # measured before the bench, which sets the link for each of its own runs
             match_link(engine, args.setup, prompts, args.max_new_tokens)
     else:

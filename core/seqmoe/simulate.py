@@ -68,12 +68,12 @@ class SimulatedCopier(ModelledLane):
 class _NoWeights:
     """A host store with the right shape for the slot table and no weights to copy."""
 
+    bytes_per_copy = 0
+
     def __init__(self, layers: int, experts: int) -> None:
         self.layout = ExpertLayout(("none",), ((0,),), torch.float16, experts)
         self.num_layers = layers
         self.total_experts = layers * experts
-
-    bytes_per_copy = 0
 
     def expert(self, key: ExpertKey) -> RawExpert:
         return RawExpert(())

@@ -142,6 +142,11 @@ class HostStore:
         return self.num_layers * self.layout.num_experts
 
     @property
+    def packed_share(self) -> float:
+        """The share of an expert's bytes its copy moves (below 1 when experts are packed)."""
+        return self.bytes_per_copy / self.layout.bytes_per_expert
+
+    @property
     def unpack_bytes(self) -> int:
         """Device memory a copy's unpacking needs beside the slots (none when nothing is packed)."""
         return math.ceil(UNPACK_WORKSPACE * self.layout.bytes_per_expert) if self.packed else 0

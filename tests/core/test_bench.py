@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from seqmoe import Engine, Sampling, load_model
-from seqmoe.bench import emulated_copy_seconds, full_speed, layer_seconds, match_link, run_bench, sent_share, wrapped
+from seqmoe.bench import emulated_copy_seconds, full_speed, layer_seconds, match_link, run_bench, wrapped
 from seqmoe.cli import main
 from seqmoe.errors import SeqMoEError
 from seqmoe.hardware import DEFAULT_SETUP
@@ -150,7 +150,7 @@ def test_packed_experts_count_as_copies_and_take_less_of_the_link(tiny_models: d
     """In bfloat16 the experts cross the link packed: the bench counts experts copied, not the
     bytes over an expert's size."""
     engine = Engine(load_model(str(tiny_models["mixtral"]), device="cpu", dtype="bfloat16"))
-    assert 0.74 < sent_share(engine) < 0.78
+    assert 0.74 < engine.loaded.host.packed_share < 0.78
     (_, lru) = run_bench(engine, [PROMPT], ["lru"], [0.5], max_new_tokens=8, copy_layers=2.0).rows
     misses = lru.totals.total("decode_misses") / lru.totals.decode_tokens
     assert misses > 0 and lru.as_dict()["decode_copies_per_token"] == pytest.approx(misses, rel=0.01)  # lru copies its misses
