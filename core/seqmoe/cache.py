@@ -276,6 +276,25 @@ class ExpertCache:
             raise
         self._fill(resident)
 
+    def warm(self, order: Sequence[ExpertKey]) -> None:
+        """While no prompt runs: copy the first experts of ``order`` not already resident into the
+        free slots, over the link, and wait for them. An empty cache copies nearly every expert the
+        first prompt routes to; filled with those likeliest to be used (``Policy.warm_order``), the
+        first prefill finds many of them there. These waits are no layer's stalls."""
+        jobs = []
+        for key in order:
+            slot = self.pool.free_slot()
+            if slot is None:
+                break
+            if key not in self.pool.slot_of:
+                self._load(key, "prefill", urgent=False, slot=slot)
+                jobs.append(self.pool.job[slot])
+        for job in jobs:
+            self.copier.wait(job, "prefill")
+        # Read now and dropped (on CUDA, reading them waits for the copies to land): no layer waited.
+        self.copier.stall_seconds()
+        self.copier.take_stalls()
+
     def _fill(self, resident: Sequence[ExpertKey]) -> None:
         """Copy the first of ``resident`` that fit into the new, empty pool."""
         for slot, key in enumerate(resident[: self.pool.size]):

@@ -251,6 +251,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
     result = run_bench(engine, prompts, policies, ratios, args.max_new_tokens, copy_layers)
     rows = result.rows
     title = f"{engine.loaded.architecture}, {len(prompts)} prompts x {args.max_new_tokens} tokens; {link_note}"
+    title += ("\neach prompt starts with the cache as configure fills it: under seqmoe with the experts its "
+              "predictor's routing frequencies rank first, under the oracle with those the run uses first, "
+              "empty under lru and gate")
     if "seqmoe" in policies:
         title += f"\n{predictor_note(engine)}"
     report = {

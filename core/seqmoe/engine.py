@@ -172,7 +172,8 @@ class Engine:
         vram_budget_gb: float | None = None,
         future: list[tuple[int, frozenset[int]]] | None = None,
     ) -> None:
-        """Build the cache for ``policy`` at the given size (a ratio of all experts, or a budget).
+        """Build the cache for ``policy`` at the given size (a ratio of all experts, or a budget),
+        and fill it over the link with the experts the policy expects first (``ExpertCache.warm``).
 
         ``future`` is the oracle's knowledge: the (layer, experts) of every cache access of
         the same greedy run, recorded from ``LayerRouted`` events of a run at the same size.
@@ -193,7 +194,8 @@ class Engine:
 
     def resize(self, cache_ratio: float | None = None, vram_budget_gb: float | None = None) -> None:
         """Give the expert cache another size between two generations, keeping the policy, the
-        model and the most recently used experts (no reload)."""
+        model and the most recently used experts (no reload); slots left free are filled as
+        ``configure`` fills them."""
         slots = self._slots(cache_ratio, vram_budget_gb)
         if self.cache is None:
             raise SeqMoEError(
@@ -210,6 +212,7 @@ class Engine:
             raise BudgetTooSmall(
                 f"the device ran out of memory for {slots} expert slots; the cache keeps its {previous} slots"
             ) from None
+        self.cache.warm(self.cache.policy.warm_order(slots))
 
     def _slots(self, cache_ratio: float | None, vram_budget_gb: float | None) -> int:
         if cache_ratio is not None and vram_budget_gb is not None:
@@ -231,6 +234,7 @@ class Engine:
         else:
             self._copier = self._make_copier()
             self.cache = ExpertCache(self.loaded.host, slots, self.device, self._copier, chosen, self.events)
+            self.cache.warm(chosen.warm_order(slots))
             for index, module in enumerate(self.loaded.experts):
                 runtime = experts_impl.OffloadedLayer(
                     index, len(self.loaded.experts), self.cache, experts_impl.base_implementation(module, base)

@@ -200,6 +200,12 @@ class Policy:
         """The order in which prefill streams a layer's experts: most used first when known."""
         return range(self.num_experts)
 
+    def warm_order(self, slots: int) -> list[ExpertKey]:
+        """At most ``slots`` experts worth copying into the cache's free slots while no prompt runs
+        (``ExpertCache.warm``), the likeliest first. None here: a reactive policy knows nothing of
+        what comes, and ``lru`` and ``gate`` start empty, as the peers' caches do."""
+        return []
+
     def eviction_order(self, candidates: np.ndarray) -> Iterator[ExpertKey]:
         """``candidates`` (flat indices), the first to evict first: here the least recently used,
         ties to the lowest (layer, expert)."""
@@ -289,6 +295,14 @@ class BeladyPolicy(Policy):
 
     def stream_order(self, layer: int) -> Sequence[int]:
         return self.prior[layer].argsort(descending=True).tolist()
+
+    def warm_order(self, slots: int) -> list[ExpertKey]:
+        """By the recent rates of use (at first the prior, the predictor's routing frequencies);
+        none while they are all equal, as they say nothing then."""
+        rates = self.recent_rates().ravel()
+        if np.ptp(rates) == 0:
+            return []
+        return list(self._keys(np.argsort(-rates, kind="stable")[:slots]))
 
     def recent_rates(self) -> np.ndarray:
         """``[L, E]``: each expert's recent rate of use per run of its layer."""
@@ -596,6 +610,20 @@ class OraclePolicy(BeladyPolicy):
         if self.lookahead is not None:
             unseen |= steps > self.lookahead
         return np.where(unseen, np.inf, steps)
+
+    def warm_order(self, slots: int) -> list[ExpertKey]:
+        """The experts of the run as it will first use them (from here, within what it sees): those the
+        cache would have to copy first."""
+        seen = self.future[self.position + 1 :]
+        if self.lookahead is not None:
+            seen = seen[: self.lookahead]
+        order: dict[ExpertKey, None] = {}
+        for layer, experts in seen:
+            for expert in sorted(experts):
+                order.setdefault((layer, expert))
+                if len(order) == slots:
+                    return list(order)
+        return list(order)
 
     def stream_order(self, layer: int) -> Sequence[int]:
         for used_layer, experts in self.future[self.position + 1 :]:

@@ -15,10 +15,15 @@ import pytest
 import torch
 
 from seqmoe import Engine, Sampling, load_model
+from seqmoe.cache import ExpertCache
 from seqmoe.compression import RawExpert, pack
+from seqmoe.events import EventBus, Stall
+from seqmoe.policies import BeladyPolicy
+from seqmoe.store import HostStore
 from seqmoe.transfer import CopyJob, CudaCopier, JobState
 
 from .fake_gpu import FakeGPU
+from .test_cache import FakeExperts
 from .test_equivalence import NEW_TOKENS, PROMPT
 
 CPU = torch.device("cpu")
@@ -114,3 +119,19 @@ def test_offloaded_generation_through_the_cuda_copier_matches_full(
         assert sum(stream.issued for stream in gpu.side_streams) > 0  # the copies went over the fake copy stream
     finally:
         engine.close()
+
+
+def test_a_cache_filled_before_the_first_prompt_leaves_its_first_layer_no_stall(monkeypatch: pytest.MonkeyPatch) -> None:
+    FakeGPU(monkeypatch, seconds_per_copy=60.0)
+    copier = CudaCopier(CPU)
+    prior = torch.full((3, 4), 0.1)
+    prior[1, 2] = prior[2, 0] = 0.9
+    host = HostStore([FakeExperts(layer) for layer in range(3)], pin=False)
+    events = EventBus()
+    heard: list[object] = []
+    events.subscribe(heard.append)
+    cache = ExpertCache(host, 2, CPU, copier, BeladyPolicy(3, prior), events)
+    cache.warm(cache.policy.warm_order(2))
+    slot = cache.acquire(1, [2], prefill=True)
+    assert host.expert((1, 2)).tensors[0].equal(cache.pool.tensors["gate_up_proj"][slot[0]])  # landed, as the layer reads it
+    assert cache.phases["prefill"].hits == 1 and not [event for event in heard if isinstance(event, Stall)]

@@ -11,7 +11,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from seqmoe import Engine, Sampling, load_model
 from seqmoe.cli import main
+from seqmoe.policies import SeqMoEPolicy
 from seqmoe.resources import demo_model_dir
+from seqmoe.store import SlotState
 
 DEMO = demo_model_dir()
 
@@ -113,3 +115,25 @@ def test_generate_can_match_the_emulated_link_to_a_setup_as_the_app_does(capsys:
     assert stats["link_setup"] == "rtx4060laptop-pcie4x8-olmoe" and stats["link_gbps"] < 1.0
     assert main([*args, "--link-gbps", "3"]) == 2
     assert "give --setup or --link-gbps, not both" in capsys.readouterr().err
+
+
+def test_seqmoe_starts_with_the_predictors_likeliest_experts_so_a_first_prompt_copies_fewer(
+    demo_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompt = demo_engine.encode("Do you like hiking in the mountains?", chat=True)
+    greedy = Sampling(max_new_tokens=8)
+    demo_engine.configure("seqmoe", cache_ratio=0.45)
+    pool = demo_engine.cache.pool
+    prior = demo_engine.predictor().config.prior()
+    held = torch.zeros_like(prior, dtype=torch.bool)
+    for layer, expert in pool.slot_of:
+        held[layer, expert] = True
+    assert int(held.sum()) == pool.size and all(pool.state(slot) is SlotState.READY for slot in range(pool.size))
+    assert prior[held].min() >= prior[~held].max()  # the likeliest by the routing frequencies it was trained on
+    warm = demo_engine.generate(prompt, greedy)
+    monkeypatch.setattr(SeqMoEPolicy, "warm_order", lambda self, slots: [])
+    demo_engine.configure("seqmoe", cache_ratio=0.45)
+    assert not demo_engine.cache.pool.slot_of
+    cold = demo_engine.generate(prompt, greedy)
+    assert warm.token_ids == cold.token_ids
+    assert warm.stats.prefill_h2d_bytes < 0.8 * cold.stats.prefill_h2d_bytes

@@ -885,3 +885,23 @@ def test_forecasts_that_keep_coming_true_are_raised_for_prefetching_and_eviction
     assert first[(1, 2)] == pytest.approx(0.15) and made[nearest] > 0.9 and policy.probability(nearest) > 0.9
     # Of the three forecast at 0.05, each layer chose one every time (expert 0 or 1): a third.
     assert made[((layer + 1) % LAYERS, 3)] == pytest.approx(1 / 3, abs=0.05)
+
+
+def test_a_cache_starts_with_the_experts_its_policy_expects_first_and_none_under_lru() -> None:
+    prior = torch.full((LAYERS, EXPERTS), 0.1)
+    prior[2, 3], prior[0, 1], prior[3, 0] = 0.9, 0.8, 0.7
+    clock = VirtualClock()
+    cache = virtual_cache(2, BeladyPolicy(LAYERS, prior), clock, seconds_per_copy=1.0)
+    cache.warm(cache.policy.warm_order(cache.size))
+    # The two likeliest, copied over the link (the clock moved) and ready; no layer waited for them.
+    assert dict(cache.pool.slot_of) == {(2, 3): 0, (0, 1): 1} and clock.now == pytest.approx(2.0)
+    assert all(cache.pool.state(slot) is SlotState.READY for slot in range(2)) and not cache.copier.take_stalls()
+    assert cache.acquire(2, [3], prefill=True) == [0] and cache.phases["prefill"].hits == 1
+    assert BeladyPolicy(LAYERS, torch.full((LAYERS, EXPERTS), 0.1)).warm_order(2) == []  # a flat prior says nothing
+    assert Policy(LAYERS, EXPERTS).warm_order(2) == []  # lru and gate start empty, as the peers do
+
+
+def test_the_oracle_starts_with_the_experts_the_run_uses_first() -> None:
+    future = [(1, frozenset({2, 0})), (2, frozenset({1})), (1, frozenset({0, 3})), (3, frozenset({3}))]
+    assert OraclePolicy(future, LAYERS, EXPERTS).warm_order(4) == [(1, 0), (1, 2), (2, 1), (1, 3)]
+    assert OraclePolicy(future, LAYERS, EXPERTS, lookahead=2).warm_order(4) == [(1, 0), (1, 2), (2, 1)]
