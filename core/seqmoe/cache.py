@@ -8,7 +8,8 @@ layer in flight), is never chosen as a victim, so a layer never computes with we
 are being overwritten.
 
 ``plan`` turns a policy's forecast into prefetches (JSD, see ``scheduler``) after every
-decode layer; ``stream`` loads the next layer's experts during prefill.
+decode layer; ``stream`` loads the next layer's experts during prefill; ``warm`` fills the
+free slots while no prompt runs.
 
 A queued prefetch takes its victim's slot, but the victim's weights stay there untouched
 until the copy starts: every layer re-plans and cancels the queued prefetches, and a

@@ -3,8 +3,9 @@
 A policy sees every access (``observe``), may forecast the experts of the next layers
 after a decode layer has been routed (``forecast``) or, in prefill, what the reply's first
 token will use (``look_past_prompt``), hears how long decode layers take and wait for copies
-(``observe_timing``), and ranks the evictable experts (``eviction_order``). The experts
-function never sees a policy; it only asks the cache for slots.
+(``observe_timing``), ranks the evictable experts (``eviction_order``), and names the experts
+an empty cache starts with (``warm_order``). The experts function never sees a policy; it only
+asks the cache for slots.
 
 Policies:
 
