@@ -1,12 +1,11 @@
 """What one expert's copy costs on a device, part by part: its raw bytes' copy, its packed bytes'
 copy, and the unpacking after it (``compression``).
 
-On CUDA, ``CudaCopier`` copies a packed expert's bytes on the copy stream and unpacks them into
-the slot on a second stream, so the next copy crosses the link while one unpacks (as on the
-emulated link, which charges unpacking to compute and keeps the link busy). That keeps the link
-busy only while an expert unpacks in less time than the next one's bytes take to cross, and the
-unpacking's kernels share the GPU with compute. No GPU has run this project yet: this tool says,
-on one, how the parts compare.
+On CUDA, ``CudaCopier`` copies a packed expert's bytes and unpacks them into the slot on one
+stream, so the link carries nothing while an expert unpacks; the emulated link charges
+unpacking to compute instead and keeps the link busy. No GPU has run this project yet: this tool
+says, on one, how much of a packed copy's time the unpacking takes, which is what a second
+stream for the unpacking (or one fused kernel) would give back.
 
     python tools/time_copies.py --device cuda --shape olmoe
 
@@ -54,14 +53,13 @@ class CopyTimes:
 
     @property
     def unpack_share(self) -> float | None:
-        """The unpacking's time over the packed bytes' copy (``None`` on the CPU): below 1, the
-        unpack stream keeps up with the link."""
-        return None if self.packed_copy_s is None else self.unpack_s / self.packed_copy_s
+        """The part of a packed copy, as the CUDA copier makes it, spent unpacking (``None`` on the CPU)."""
+        return None if self.packed_copy_s is None else self.unpack_s / self.packed_copy_and_unpack_s
 
     def report(self) -> str:
         def line(name: str, seconds: float, nbytes: int | None = None) -> str:
             rate = f"  ({nbytes / seconds / 1e9:.1f} GB/s)" if nbytes else ""
-            return f"  {name:<30}{seconds * 1e3:8.3f} ms{rate}"
+            return f"  {name:<24}{seconds * 1e3:8.3f} ms{rate}"
 
         return "\n".join(
             [
@@ -69,21 +67,18 @@ class CopyTimes:
                 f"{self.packed_bytes / self.raw_bytes:.1%}",
                 line("raw copy", self.raw_copy_s, self.raw_bytes),
                 line("packed bytes' copy", self.packed_copy_s, self.packed_bytes) if self.packed_copy_s is not None
-                else "  " + "packed bytes' copy".ljust(30) + "    none: the unpacking reads them in host memory",
+                else "  packed bytes' copy      none: the unpacking reads them in host memory",
                 line("unpacking", self.unpack_s),
-                line("copy + unpacking, one stream", self.packed_copy_and_unpack_s),
+                line("packed copy + unpacking", self.packed_copy_and_unpack_s),
                 self._summary(),
             ]
         )
 
     def _summary(self) -> str:
+        ratio = self.packed_copy_and_unpack_s / self.raw_copy_s
         if self.unpack_share is None:
-            ratio = self.packed_copy_and_unpack_s / self.raw_copy_s
             return f"the emulated link's packed copy costs compute {ratio:.1f} times its raw copy (a memory copy)"
-        return (
-            f"the link carries a packed expert in {self.packed_copy_s / self.raw_copy_s:.2f} of a raw one's time; "
-            f"unpacking it takes {self.unpack_share:.0%} of that, on its own stream"
-        )
+        return f"a packed copy takes {ratio:.2f} of a raw one; unpacking is {self.unpack_share:.0%} of it"
 
 
 

@@ -21,7 +21,6 @@ model. Other dtypes (float16, float32, ...) are copied as they are.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,11 +28,10 @@ import torch
 
 WINDOW = 16
 """Exponents a 4-bit code covers."""
-UNPACK_WORKSPACE = 2.0
-"""Device memory unpacking holds beside the slots, in experts' bytes: the packed bytes of the two
-copies ``CudaCopier`` keeps on their way (about 0.75 each: one unpacking while the next crosses)
-and one half-tensor of codes widened to int16 (0.5). Experts unpack one at a time, in their
-stream's order, so the allocator reuses that memory for the next."""
+UNPACK_WORKSPACE = 1.5
+"""Device memory one unpacking holds beside the slot, in experts' bytes: the packed bytes copied
+over (about 0.75) and one half-tensor of codes widened to int16 (0.5). Copies unpack one at a
+time, in their stream's order, so the allocator reuses it for the next."""
 WORTH_PACKING = 0.9
 """Packed experts are kept only if they take at most this share of the raw bytes (see ``HostStore``)."""
 _KEEP_SIGN_AND_MANTISSA = -32641
@@ -72,29 +70,14 @@ class PackedExpert:
     def nbytes(self) -> int:
         return self.data.numel() + self.escapes.numel()
 
-    def write_into(
-        self, destinations: Sequence[torch.Tensor], non_blocking: bool = False, unpack_stream: torch.cuda.Stream | None = None
-    ) -> None:
+    def write_into(self, destinations: Sequence[torch.Tensor], non_blocking: bool = False) -> None:
         """Unpack into ``destinations`` (bfloat16, contiguous, one per segment), on their device: the
-        packed bytes cross to it first, on the current CUDA stream, then unpack there: on
-        ``unpack_stream`` once they are over, when given, so that the current stream's next copy
-        does not wait for the unpacking; on the current stream otherwise."""
+        packed bytes cross to it first, then unpack there (on the current CUDA stream)."""
         device = destinations[0].device
         data = self.data.to(device, non_blocking=non_blocking)
         escapes = self.escapes.to(device, non_blocking=non_blocking)
-        unpacking = contextlib.nullcontext()
-        if unpack_stream is not None:
-            copied = torch.cuda.Event()
-            copied.record(torch.cuda.current_stream(device))
-            unpack_stream.wait_event(copied)
-            for staged in (data, escapes):
-                # Freed when this returns: the allocator must not give their memory to the next
-                # copy before the unpacking on the other stream has read them.
-                staged.record_stream(unpack_stream)
-            unpacking = torch.cuda.stream(unpack_stream)
-        with unpacking:
-            for destination, segment in zip(destinations, self.segments):
-                unpack_into(destination, data, escapes, segment)
+        for destination, segment in zip(destinations, self.segments):
+            unpack_into(destination, data, escapes, segment)
 
 
 @dataclass(frozen=True)
@@ -107,10 +90,7 @@ class RawExpert:
     def nbytes(self) -> int:
         return sum(tensor.numel() * tensor.element_size() for tensor in self.tensors)
 
-    def write_into(
-        self, destinations: Sequence[torch.Tensor], non_blocking: bool = False, unpack_stream: torch.cuda.Stream | None = None
-    ) -> None:
-        """Copy into ``destinations`` on the current CUDA stream (nothing to unpack: ``unpack_stream`` is not used)."""
+    def write_into(self, destinations: Sequence[torch.Tensor], non_blocking: bool = False) -> None:
         for destination, source in zip(destinations, self.tensors):
             destination.copy_(source, non_blocking=non_blocking)
 

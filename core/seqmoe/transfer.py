@@ -45,10 +45,9 @@ class CopyJob:
 
     key: ExpertKey
     slot: int
-    write: Callable[..., None] | None
-    """``write(non_blocking, unpack_stream=None)`` writes the expert into the slot (``non_blocking``:
-    on the current CUDA stream, without waiting for it; a packed expert then unpacks on
-    ``unpack_stream`` when given); dropped once the copy is issued. The job outlives its copy (in the
+    write: Callable[[bool], None] | None
+    """Writes the expert into the slot (``non_blocking``: on the current CUDA stream, without
+    waiting for it); dropped once the copy is issued. The job outlives its copy (in the
     copier's records, in the slot table), and the slot's views it holds would keep the whole
     slot pool alive after a resize freed it."""
     nbytes: int
@@ -280,10 +279,10 @@ def take_queued(queue: deque[tuple[CopyJob, float]], job: CopyJob) -> tuple[Copy
     return None
 
 
-def write_expert(job: CopyJob, non_blocking: bool = False, unpack_stream: torch.cuda.Stream | None = None) -> None:
+def write_expert(job: CopyJob, non_blocking: bool = False) -> None:
     """Write ``job``'s expert into its slot, once (see ``CopyJob.write``)."""
     if job.write is not None:
-        job.write(non_blocking, unpack_stream=unpack_stream)
+        job.write(non_blocking)
         job.write = None
 
 
@@ -294,12 +293,9 @@ class CudaCopier:
     host-side queue, so an urgent copy (a miss) can still overtake planned prefetches.
     Each copy into a slot first waits for the event recorded when the compute stream
     last finished reading that slot, so a slot is never overwritten under a running
-    kernel. A packed expert's bytes are copied on the copy stream and unpacked into the slot on
-    a second stream once they are over, so that the next copy crosses the link while this one
-    unpacks (the emulated link keeps the link busy so too); the expert is ready when both are
-    done, and the link's speed is measured on the copies alone. Stall time is the time the
-    compute stream spends in ``wait_event``, timed with CUDA events and summed lazily (no
-    synchronisation on the hot path).
+    kernel. A packed expert's bytes are copied, then unpacked into the slot, both on the
+    copy stream, and its event follows both. Stall time is the time the compute stream spends in ``wait_event``, timed
+    with CUDA events and summed lazily (no synchronisation on the hot path).
     """
 
     link = "cuda"
@@ -307,10 +303,7 @@ class CudaCopier:
     def __init__(self, device: torch.device, max_in_flight: int = 2) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
-        self.unpack_stream = torch.cuda.Stream(device=device)
         self.max_in_flight = max_in_flight
-        """Copies on the streams at a time (``compression.UNPACK_WORKSPACE`` sets aside the packed
-        bytes of two)."""
         self.bytes_copied = 0
         self.speed = LinkSpeed(20e9)
         self._pending: deque[CopyJob] = deque()
@@ -388,7 +381,6 @@ class CudaCopier:
 
     def close(self) -> None:
         self.stream.synchronize()
-        self.unpack_stream.synchronize()
 
     def _pump(self) -> None:
         while self._in_flight and self._in_flight[0].cuda_event.query():
@@ -406,15 +398,11 @@ class CudaCopier:
                 self.stream.wait_event(released)
             began = torch.cuda.Event(enable_timing=True)
             began.record(self.stream)
-            write_expert(job, non_blocking=True, unpack_stream=self.unpack_stream)
-            copied = torch.cuda.Event(enable_timing=True)
-            copied.record(self.stream)
-        # Ready once copied and, for a packed expert, unpacked (queued on the unpack stream before this).
-        self.unpack_stream.wait_event(copied)
-        event = torch.cuda.Event()
-        event.record(self.unpack_stream)
+            write_expert(job, non_blocking=True)
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(self.stream)
         job.cuda_event = event
-        job.timing = (began, copied)
+        job.timing = (began, event)
         job.state = JobState.COPYING
         self.bytes_copied += job.nbytes
         self._in_flight.append(job)

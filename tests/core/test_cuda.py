@@ -52,7 +52,7 @@ def test_queued_prefetches_start_while_the_cache_polls_them() -> None:
     assert [s[0].item() for s in slots] == [0.0, 1.0, 2.0]
 
 
-@pytest.mark.parametrize("dtype", [None, "bfloat16"])  # bfloat16: packed experts, unpacked on the unpack stream
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])  # bfloat16: packed experts, unpacked on the copy stream
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3"])
 def test_offloaded_cuda_generation_matches_cuda_reference(tiny_models: dict[str, Path], family: str, dtype: str | None) -> None:
     greedy = Sampling(max_new_tokens=12)

@@ -16,7 +16,7 @@ import torch
 
 from seqmoe import Engine, Sampling, load_model
 from seqmoe.cache import ExpertCache
-from seqmoe.compression import RawExpert, pack
+from seqmoe.compression import RawExpert
 from seqmoe.events import EventBus, Stall
 from seqmoe.policies import BeladyPolicy
 from seqmoe.store import HostStore
@@ -78,19 +78,6 @@ def test_a_copy_into_a_released_slot_lands_and_its_stall_is_reported(monkeypatch
     copier.wait(job)
     assert slots[0][0].item() == 1.0 and gpu.copies_not_landed == 0
     assert [stall.key for stall in copier.take_stalls()] == [(0, 0)]
-
-
-def test_a_packed_expert_unpacks_on_a_second_stream_so_the_next_copy_need_not_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    FakeGPU(monkeypatch, seconds_per_copy=60.0)
-    copier = CudaCopier(CPU, max_in_flight=2)
-    weights = [torch.randn(2, 8).to(torch.bfloat16) for _ in range(2)]
-    slots = [torch.zeros(2, 8, dtype=torch.bfloat16) for _ in range(2)]
-    made = [CopyJob((0, i), i, partial(pack([weights[i]]).write_into, [slots[i]]), 24) for i in range(2)]
-    for job in made:
-        copier.submit(job)
-    assert copier.unpack_stream.not_landed == 2 and copier.stream.not_landed == 0
-    copier.wait(made[1])
-    assert all(torch.equal(slot, weight) for slot, weight in zip(slots, weights))
 
 
 @pytest.mark.parametrize(

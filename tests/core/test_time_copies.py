@@ -33,7 +33,7 @@ def test_it_times_each_part_of_a_copy_and_reports_what_unpacking_takes(tool, cap
     assert tool.main(["--device", "cpu", "--shape", "demo", "--repeats", "3"]) == 0
     report = capsys.readouterr().out
     assert "one demo expert on cpu: 0.1 MiB, packed to 75." in report
-    assert "none: the unpacking reads them in host memory" in report
+    assert "packed bytes' copy      none" in report
     assert "the emulated link's packed copy costs compute" in report
 
 
