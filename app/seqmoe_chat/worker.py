@@ -58,6 +58,7 @@ class ModelInfo:
     context_limit: int | None = None  # the model's own, when its config says
     link_setup: str | None = None  # the consumer setup the emulated link was matched to; None: a fixed speed
     bytes_per_copy: float = 0.0  # what one expert's copy moves over the link, on average (packed experts: less than a slot)
+    cached: tuple[tuple[int, int], ...] = ()  # (layer, expert) in the cache when loaded or reconfigured (configure fills it)
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ def model_info(engine: Engine) -> ModelInfo:
         context_tokens=engine.context_tokens,
         context_limit=engine.loaded.context_limit,
         bytes_per_copy=host.bytes_per_copy,
+        cached=tuple(engine.cached_experts),
     )
 
 

@@ -52,7 +52,7 @@ from .predictor.calibration import find_predictor
 from .predictor.model import ExpertPredictor, load_predictor
 from .trace import model_identity
 from .stats import GenerationStats
-from .transfer import Copier, CudaCopier, EmulatedCopier
+from .transfer import Copier, CudaCopier, EmulatedCopier, ExpertKey
 
 PHASE_COUNTERS = (
     "h2d_bytes",
@@ -155,6 +155,18 @@ class Engine:
     @property
     def cache_slots(self) -> int:
         return self.cache.size if self.cache is not None else self.geometry.total_experts
+
+    @property
+    def cached_experts(self) -> list[ExpertKey]:
+        """The experts on the device now, or on their way there, as ``(layer, expert)``: the cache's
+        (all of them under ``full``). Between generations, what ``configure`` or the last reply
+        left there."""
+        if self.cache is not None:
+            return sorted(self.cache.pool.slot_of)
+        if self.policy_name != "full":
+            return []
+        host = self.loaded.host
+        return [(layer, expert) for layer in range(host.num_layers) for expert in range(host.layout.num_experts)]
 
     def free_memory_budget_gb(self) -> float | None:
         """On a CUDA device, the VRAM budget its free memory allows now (``budget_for_free_memory``:

@@ -112,6 +112,10 @@ class FakeEngine:
         self.closed = False
 
     @property
+    def cached_experts(self) -> list[tuple[int, int]]:
+        return [(layer, 0) for layer in range(2)] if self.policy_name == "seqmoe" else []  # as if its prior filled them
+
+    @property
     def forecast_horizon(self) -> int | None:
         return {"gate": 1, "seqmoe": 1}.get(self.policy_name)
 

@@ -127,6 +127,17 @@ def test_another_model_of_the_same_shape_starts_the_panel_afresh(qtbot, window, 
     assert panel.model is model, "the same model, resized, keeps its reply's figures"
 
 
+def test_the_cache_map_shows_what_configure_filled_before_any_reply(qtbot, window) -> None:
+    engine = Engine(load_model(str(demo_model_dir()), device="cpu"))
+    engine.configure("seqmoe", cache_ratio=0.45)  # fills the cache with the predictor's likeliest experts
+    info = model_info(engine)
+    engine.close()
+    assert len(info.cached) == info.cache_slots
+    window.panel.set_model(info)
+    cells = window.panel.model.cell_counts()
+    assert cells["ready"] == info.cache_slots and cells["not cached"] == info.total_experts - info.cache_slots
+
+
 def test_a_load_that_fails_leaves_the_panel_without_a_model(qtbot, window) -> None:
     panel = window.panel
     assert panel.info is not None

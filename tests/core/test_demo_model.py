@@ -126,14 +126,14 @@ def test_seqmoe_starts_with_the_predictors_likeliest_experts_so_a_first_prompt_c
     pool = demo_engine.cache.pool
     prior = demo_engine.predictor().config.prior()
     held = torch.zeros_like(prior, dtype=torch.bool)
-    for layer, expert in pool.slot_of:
+    for layer, expert in demo_engine.cached_experts:
         held[layer, expert] = True
     assert int(held.sum()) == pool.size and all(pool.state(slot) is SlotState.READY for slot in range(pool.size))
     assert prior[held].min() >= prior[~held].max()  # the likeliest by the routing frequencies it was trained on
     warm = demo_engine.generate(prompt, greedy)
     monkeypatch.setattr(SeqMoEPolicy, "warm_order", lambda self, slots: [])
     demo_engine.configure("seqmoe", cache_ratio=0.45)
-    assert not demo_engine.cache.pool.slot_of
+    assert demo_engine.cached_experts == []
     cold = demo_engine.generate(prompt, greedy)
     assert warm.token_ids == cold.token_ids
     assert warm.stats.prefill_h2d_bytes < 0.8 * cold.stats.prefill_h2d_bytes

@@ -140,7 +140,7 @@ class TelemetryDock(QDockWidget):
                 model.num_layers, model.num_experts, model.bytes_per_copy, model.all_resident
             ) != (info.num_layers, info.experts_per_layer, info.bytes_per_copy, all_resident):
                 self.model = TelemetryModel(info.num_layers, info.experts_per_layer, info.bytes_per_copy,
-                                            all_resident=all_resident)
+                                            all_resident=all_resident, cached=info.cached)
             self.info = info
             self.monitor.use_device(_cuda_index(info.device))
         self._show(force=True)

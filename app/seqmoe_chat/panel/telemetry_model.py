@@ -12,6 +12,7 @@ produces token ``i + 1``; routing and stalls are charged to the token being prod
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -124,6 +125,7 @@ class TelemetryModel:
     num_experts: int
     bytes_per_copy: float  # what one expert's copy moves over the link (packed experts move less than they take)
     all_resident: bool = False  # the full policy: every expert stays on the device, no cache events
+    cached: Sequence[tuple[int, int]] = ()  # (layer, expert) in the cache before any event (configure fills it)
     counters: Counters = field(default_factory=Counters)
     recall: dict[int, RecallTally] = field(default_factory=dict)
     stall_per_token: list[float] = field(default_factory=list)
@@ -135,6 +137,8 @@ class TelemetryModel:
     def __post_init__(self) -> None:
         shape = (self.num_layers, self.num_experts)
         self.cells = np.full(shape, READY if self.all_resident else NOT_CACHED, dtype=np.int8)
+        for key in self.cached:
+            self.cells[key] = READY
         self.last_use = np.full(shape, NEVER, dtype=np.int32)
         self.probability = np.full(shape, np.nan, dtype=np.float32)  # the latest forecast; NaN: none yet
         self.predicted = np.full(shape, np.nan, dtype=np.float32)  # the forecast each layer had when it routed; NaN: none
