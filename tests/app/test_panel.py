@@ -136,6 +136,9 @@ def test_the_cache_map_shows_what_configure_filled_before_any_reply(qtbot, windo
     window.panel.set_model(info)
     cells = window.panel.model.cell_counts()
     assert cells["ready"] == info.cache_slots and cells["not cached"] == info.total_experts - info.cache_slots
+    model = window.panel.model
+    window.panel.set_model(replace(info, cache_slots=2, cached=((0, 5), (7, 1))))  # the same model, resized
+    assert window.panel.model is model and model.cell_counts()["ready"] == 2 and model.cells[7, 1] == CELL_STATES.index("ready")
 
 
 def test_a_load_that_fails_leaves_the_panel_without_a_model(qtbot, window) -> None:

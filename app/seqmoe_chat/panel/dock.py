@@ -141,6 +141,8 @@ class TelemetryDock(QDockWidget):
             ) != (info.num_layers, info.experts_per_layer, info.bytes_per_copy, all_resident):
                 self.model = TelemetryModel(info.num_layers, info.experts_per_layer, info.bytes_per_copy,
                                             all_resident=all_resident, cached=info.cached)
+            else:  # between generations: the cache as the resize or the new policy left it
+                model.show_cached(info.cached)
             self.info = info
             self.monitor.use_device(_cuda_index(info.device))
         self._show(force=True)

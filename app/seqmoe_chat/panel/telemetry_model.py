@@ -136,9 +136,7 @@ class TelemetryModel:
 
     def __post_init__(self) -> None:
         shape = (self.num_layers, self.num_experts)
-        self.cells = np.full(shape, READY if self.all_resident else NOT_CACHED, dtype=np.int8)
-        for key in self.cached:
-            self.cells[key] = READY
+        self.show_cached(self.cached)
         self.last_use = np.full(shape, NEVER, dtype=np.int32)
         self.probability = np.full(shape, np.nan, dtype=np.float32)  # the latest forecast; NaN: none yet
         self.predicted = np.full(shape, np.nan, dtype=np.float32)  # the forecast each layer had when it routed; NaN: none
@@ -158,6 +156,13 @@ class TelemetryModel:
             "Stall": self._stall,
             "TokenGenerated": self._token_generated,
         }
+
+    def show_cached(self, cached: Sequence[tuple[int, int]]) -> None:
+        """The cache map as the engine reports it between generations: ``cached`` ready, the rest not cached."""
+        self.cells = np.full((self.num_layers, self.num_experts), READY if self.all_resident else NOT_CACHED, dtype=np.int8)
+        for key in cached:
+            self.cells[key] = READY
+        self.serial += 1
 
     def fold(self, events: list[Event]) -> None:
         """Take a drained batch of events, oldest first."""
