@@ -224,7 +224,12 @@ class Engine:
             raise BudgetTooSmall(
                 f"the device ran out of memory for {slots} expert slots; the cache keeps its {previous} slots"
             ) from None
-        self.cache.warm(self.cache.policy.warm_order(slots))
+        try:
+            self.cache.warm(self.cache.policy.warm_order(slots))
+        except torch.OutOfMemoryError:
+            raise BudgetTooSmall(
+                f"the device ran out of memory filling the {slots} expert slots; choose a smaller VRAM budget or cache ratio"
+            ) from None
 
     def _slots(self, cache_ratio: float | None, vram_budget_gb: float | None) -> int:
         if cache_ratio is not None and vram_budget_gb is not None:

@@ -141,6 +141,16 @@ def test_the_cache_map_shows_what_configure_filled_before_any_reply(qtbot, windo
     assert window.panel.model is model and model.cell_counts()["ready"] == 2 and model.cells[7, 1] == CELL_STATES.index("ready")
 
 
+def test_a_resize_right_after_a_reply_is_not_painted_over_by_that_replys_last_snapshot(qtbot, window, backend) -> None:
+    panel = window.panel
+    for event in _snapshot_events():  # the reply's closing snapshot, not drained yet
+        backend.engines[-1].events.emit(event)
+    panel.set_model(replace(panel.info, cache_slots=1, cached=((1, 7),)))
+    panel.refresh()
+    cells = panel.model.cell_counts()
+    assert cells["ready"] == 1 and cells["not cached"] == 23 and panel.model.counters.hits == 1
+
+
 def test_a_load_that_fails_leaves_the_panel_without_a_model(qtbot, window) -> None:
     panel = window.panel
     assert panel.info is not None

@@ -10,7 +10,9 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from seqmoe import Engine, Sampling, load_model
+from seqmoe.cache import ExpertCache
 from seqmoe.cli import main
+from seqmoe.errors import BudgetTooSmall
 from seqmoe.policies import SeqMoEPolicy
 from seqmoe.resources import demo_model_dir
 from seqmoe.store import SlotState
@@ -137,3 +139,16 @@ def test_seqmoe_starts_with_the_predictors_likeliest_experts_so_a_first_prompt_c
     cold = demo_engine.generate(prompt, greedy)
     assert warm.token_ids == cold.token_ids
     assert warm.stats.prefill_h2d_bytes < 0.8 * cold.stats.prefill_h2d_bytes
+
+
+def test_running_out_of_memory_filling_a_resized_cache_says_to_choose_a_smaller_budget(
+    demo_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    demo_engine.configure("seqmoe", cache_ratio=0.3)
+
+    def out_of_memory(self, order) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(ExpertCache, "warm", out_of_memory)
+    with pytest.raises(BudgetTooSmall, match="ran out of memory filling the .* expert slots; choose a smaller VRAM budget"):
+        demo_engine.resize(cache_ratio=0.6)

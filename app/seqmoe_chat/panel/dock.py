@@ -142,6 +142,9 @@ class TelemetryDock(QDockWidget):
                 self.model = TelemetryModel(info.num_layers, info.experts_per_layer, info.bytes_per_copy,
                                             all_resident=all_resident, cached=info.cached)
             else:  # between generations: the cache as the resize or the new policy left it
+                # The last reply's closing snapshot may still wait in the buffer: folded later, it
+                # would paint the pool as it was before.
+                model.fold(self._drain())
                 model.show_cached(info.cached)
             self.info = info
             self.monitor.use_device(_cuda_index(info.device))
@@ -150,13 +153,16 @@ class TelemetryDock(QDockWidget):
     @Slot()
     def refresh(self) -> None:
         started = time.thread_time()
-        events = self.buffer.drain() if self.buffer is not None and self._watching else []
+        events = self._drain()
         if self.model is not None:
             self.model.fold(events)
         self._show()
         self.cost.cpu_seconds += time.thread_time() - started
         self.cost.refreshes += 1
         self.cost.events += len(events)
+
+    def _drain(self) -> list[Any]:
+        return self.buffer.drain() if self.buffer is not None and self._watching else []
 
     def figures(self) -> dict[str, Any]:
         """What the panel knows now, as plain JSON values."""
