@@ -131,7 +131,6 @@ def emulated_copy_seconds(engine: Engine) -> float:
     return engine.link_latency_s + engine.loaded.host.bytes_per_copy / (engine.link_gbps * 1e9)
 
 
-
 def full_speed(engine: Engine, prompts: list[list[int]], sampling: Sampling) -> Totals:
     engine.configure("full")
     return Totals([engine.generate(p, sampling).stats for p in prompts])

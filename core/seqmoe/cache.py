@@ -277,13 +277,13 @@ class ExpertCache:
             raise
         self._fill(resident)
 
-    def warm(self, order: Sequence[ExpertKey]) -> None:
-        """While no prompt runs: copy the first experts of ``order`` not already resident into the
-        free slots, over the link, and wait for them. An empty cache copies nearly every expert the
-        first prompt routes to; filled with those likeliest to be used (``Policy.warm_order``), the
-        first prefill finds many of them there. These waits are no layer's stalls."""
+    def warm(self) -> None:
+        """While no prompt runs: copy the experts the policy expects first (``Policy.warm_order``)
+        that are not resident into the free slots, over the link, and wait for them. An empty
+        cache copies nearly every expert the first prompt routes to; filled with those likeliest
+        to be used, the first prefill finds many of them there. These waits are no layer's stalls."""
         jobs = []
-        for key in order:
+        for key in self.policy.warm_order(self.size):
             slot = self.pool.free_slot()
             if slot is None:
                 break

@@ -225,7 +225,7 @@ class Engine:
                 f"the device ran out of memory for {slots} expert slots; the cache keeps its {previous} slots"
             ) from None
         try:
-            self.cache.warm(self.cache.policy.warm_order(slots))
+            self.cache.warm()
         except torch.OutOfMemoryError:
             raise BudgetTooSmall(
                 f"the device ran out of memory filling the {slots} expert slots; choose a smaller VRAM budget or cache ratio"
@@ -251,7 +251,7 @@ class Engine:
         else:
             self._copier = self._make_copier()
             self.cache = ExpertCache(self.loaded.host, slots, self.device, self._copier, chosen, self.events)
-            self.cache.warm(chosen.warm_order(slots))
+            self.cache.warm()
             for index, module in enumerate(self.loaded.experts):
                 runtime = experts_impl.OffloadedLayer(
                     index, len(self.loaded.experts), self.cache, experts_impl.base_implementation(module, base)

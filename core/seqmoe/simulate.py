@@ -170,7 +170,7 @@ def simulate(
     steps = replay_steps(traces, slots)
     policy = _policy(policy_name, traces, steps, predictor, routers)
     cache = ExpertCache(host, slots, torch.device("cpu"), copier, policy, EventBus(), clock=clock)
-    cache.warm(policy.warm_order(slots))  # as the engine's configure does
+    cache.warm()  # as the engine's configure does
     layer_seconds = hardware.layer_seconds(shape)
     decode_seconds = prefill_seconds = prefill_full_seconds = 0.0
     decode_layers = decode_bytes = 0

@@ -118,7 +118,7 @@ def test_a_cache_filled_before_the_first_prompt_leaves_its_first_layer_no_stall(
     heard: list[object] = []
     events.subscribe(heard.append)
     cache = ExpertCache(host, 2, CPU, copier, BeladyPolicy(3, prior), events)
-    cache.warm(cache.policy.warm_order(2))
+    cache.warm()
     slot = cache.acquire(1, [2], prefill=True)
     assert host.expert((1, 2)).tensors[0].equal(cache.pool.tensors["gate_up_proj"][slot[0]])  # landed, as the layer reads it
     assert cache.phases["prefill"].hits == 1 and not [event for event in heard if isinstance(event, Stall)]

@@ -146,7 +146,7 @@ def test_running_out_of_memory_filling_a_resized_cache_says_to_choose_a_smaller_
 ) -> None:
     demo_engine.configure("seqmoe", cache_ratio=0.3)
 
-    def out_of_memory(self, order) -> None:
+    def out_of_memory(self) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(ExpertCache, "warm", out_of_memory)

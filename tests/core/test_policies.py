@@ -892,7 +892,7 @@ def test_a_cache_starts_with_the_experts_its_policy_expects_first_and_none_under
     prior[2, 3], prior[0, 1], prior[3, 0] = 0.9, 0.8, 0.7
     clock = VirtualClock()
     cache = virtual_cache(2, BeladyPolicy(LAYERS, prior), clock, seconds_per_copy=1.0)
-    cache.warm(cache.policy.warm_order(cache.size))
+    cache.warm()
     # The two likeliest, copied over the link (the clock moved) and ready; no layer waited for them.
     assert dict(cache.pool.slot_of) == {(2, 3): 0, (0, 1): 1} and clock.now == pytest.approx(2.0)
     assert all(cache.pool.state(slot) is SlotState.READY for slot in range(2)) and not cache.copier.take_stalls()
