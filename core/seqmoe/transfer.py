@@ -398,7 +398,13 @@ class CudaCopier:
                 self.stream.wait_event(released)
             began = torch.cuda.Event(enable_timing=True)
             began.record(self.stream)
-            write_expert(job, non_blocking=True)
+            try:
+                write_expert(job, non_blocking=True)
+            except BaseException:
+                # Out of device memory for its staging, say: the job stays queued, first in line,
+                # so a later wait issues it again and a cancel finds it, as for any queued copy.
+                self._pending.appendleft(job)
+                raise
             event = torch.cuda.Event(enable_timing=True)
             event.record(self.stream)
         job.cuda_event = event

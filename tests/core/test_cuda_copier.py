@@ -16,7 +16,9 @@ import torch
 
 from seqmoe import Engine, Sampling, load_model
 from seqmoe.cache import ExpertCache
+from seqmoe import transfer
 from seqmoe.compression import RawExpert
+from seqmoe.errors import SeqMoEError
 from seqmoe.events import EventBus, Stall
 from seqmoe.policies import BeladyPolicy
 from seqmoe.store import HostStore
@@ -122,3 +124,35 @@ def test_a_cache_filled_before_the_first_prompt_leaves_its_first_layer_no_stall(
     slot = cache.acquire(1, [2], prefill=True)
     assert host.expert((1, 2)).tensors[0].equal(cache.pool.tensors["gate_up_proj"][slot[0]])  # landed, as the layer reads it
     assert cache.phases["prefill"].hits == 1 and not [event for event in heard if isinstance(event, Stall)]
+
+
+@pytest.mark.parametrize(("policy", "ratio"), [("lru", None), ("seqmoe", 0.5)])
+def test_a_copy_out_of_device_memory_fails_its_reply_clearly_and_the_next_reply_is_right(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, policy: str, ratio: float | None
+) -> None:
+    """``lru`` at its smallest cache fails a miss's copy, ``seqmoe`` a prefetch's or a miss's."""
+    engine = Engine(load_model(str(tiny_models["mixtral"]), device="cpu"))
+    greedy = Sampling(max_new_tokens=NEW_TOKENS)
+    try:
+        engine.configure("full")
+        expected = engine.generate(PROMPT, greedy).token_ids
+        FakeGPU(monkeypatch, seconds_per_copy=2e-4)
+        monkeypatch.setattr(Engine, "_make_copier", lambda self: CudaCopier(self.device))
+        engine.configure(policy, cache_ratio=ratio or engine.geometry.minimum_slots / engine.geometry.total_experts)
+        issued = 0
+
+        def out_of_memory_once(job: CopyJob, non_blocking: bool = False) -> None:
+            nonlocal issued
+            issued += 1
+            if issued == 3:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+            write(job, non_blocking)
+
+        write = transfer.write_expert
+        monkeypatch.setattr(transfer, "write_expert", out_of_memory_once)
+        with pytest.raises(SeqMoEError, match="ran out of memory while generating; choose a smaller VRAM budget"):
+            engine.generate(PROMPT, greedy)
+        assert engine.generate(PROMPT, greedy).token_ids == expected
+        assert issued > 3
+    finally:
+        engine.close()
