@@ -7,6 +7,7 @@ compute with a slot whose copy has not landed, and the tokens change.
 
 from __future__ import annotations
 
+import random
 import time
 from functools import partial
 from pathlib import Path
@@ -27,6 +28,7 @@ from seqmoe.transfer import CopyJob, CudaCopier, JobState
 from .fake_gpu import FakeGPU
 from .test_cache import FakeExperts
 from .test_equivalence import NEW_TOKENS, PROMPT
+from .test_policies import fake_host, random_forecasts, run_random_chat
 
 CPU = torch.device("cpu")
 
@@ -156,3 +158,20 @@ def test_a_copy_out_of_device_memory_fails_its_reply_clearly_and_the_next_reply_
         assert issued > 3
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("size", range(2, 11))
+def test_no_expert_in_use_is_overwritten_through_the_cuda_copier_under_random_forecasts(
+    monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """``test_policies``' random chat on the copy stream: copies land only when compute waits for
+    them or asks, two at a time on the stream, the rest held back, so a wait, cancel or reuse of
+    a slot out of place leaves a layer reading weights that are not its experts'."""
+    FakeGPU(monkeypatch, seconds_per_copy=3e-3)
+    rng = random.Random(size)
+    policy = random_forecasts(seed=size)
+    cache = ExpertCache(fake_host(), size, CPU, CudaCopier(CPU), policy, EventBus())
+    run_random_chat(cache, policy, rng, pause=lambda: time.sleep(rng.random() * 0.001))
+    assert (cache.prefetches.issued > 0) == (size > 2)
+    if size >= 7:  # re-plans find prefetches still held back to cancel (from five slots up, timing allowing)
+        assert cache.prefetches.cancelled > 0
