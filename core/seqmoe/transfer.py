@@ -220,8 +220,10 @@ class ModelledLane:
             self._start(*self._queue.popleft())
         now = self.clock()
         for job in [j for j, finish in self._running.items() if finish <= now]:
-            del self._running[job]
+            # Written before it leaves the lane's books: a write that fails (out of memory for
+            # the unpacking) is retried at the next look, as the copier retries a CUDA copy.
             write_expert(job)
+            del self._running[job]
             job.state = JobState.DONE
 
 

@@ -72,3 +72,24 @@ def test_wait_counts_stall_time() -> None:
     copier.wait(j)
     copier.close()
     assert copier.stall_seconds() > 0.01
+
+
+def test_a_copy_whose_write_fails_stays_on_the_lane_and_lands_when_waited_for_again() -> None:
+    """Out of memory for the unpacking, say: the expert must not count as arrived unwritten."""
+    copier = EmulatedCopier(gbytes_per_s=1000.0, latency_s=0.001)
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    j = job(0, 1024, pairs)
+    write, failures = j.write, [MemoryError("no memory for the unpacking")]
+
+    def fails_once(non_blocking: bool) -> None:
+        if failures:
+            raise failures.pop()
+        write(non_blocking)
+
+    j.write = fails_once
+    copier.submit(j)
+    with pytest.raises(MemoryError):
+        copier.wait(j)
+    assert j.state is not JobState.DONE
+    copier.wait(j)
+    assert j.state is JobState.DONE and torch.equal(*pairs[0])
