@@ -251,7 +251,7 @@ class GatePolicy(Policy):
         target = (layer + 1) % len(self.routers)
         values, experts = next_layer_distribution(self.routers, layer, hidden).topk(self.top_k)
         ones = np.ones(self.top_k, dtype=np.int64)
-        return Forecasts(ones * target, experts.numpy().astype(np.int64), values.double().numpy(), ones)
+        return Forecasts(ones * target, experts.cpu().numpy().astype(np.int64), values.double().cpu().numpy(), ones)
 
 
 def next_layer_distribution(

@@ -43,6 +43,10 @@ class LinearRouter:
     bias: nn.Parameter | None
     num_experts: int
 
+    @property
+    def device(self) -> torch.device:
+        return self.weight.device
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., num_experts]`` logits for ``hidden`` ``[..., hidden_size]``, in float32."""
         weight, bias = self._float_map
@@ -74,6 +78,10 @@ class NetworkRouter:
         output = _first_tensor(self.module.forward(hidden.reshape(1, -1, hidden.shape[-1]).to(self._weight)))
         return output.reshape(-1, self.rows)[:, : self.num_experts].float().reshape(*hidden.shape[:-1], self.num_experts)
 
+    @property
+    def device(self) -> torch.device:
+        return self._weight.device
+
     @cached_property
     def _weight(self) -> nn.Parameter:
         """A parameter, for the device and dtype the module's input needs; looked up once."""
@@ -95,7 +103,7 @@ class BlockChoice:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., num_experts]`` scores for ``hidden`` ``[..., hidden_size]``, in float32."""
         logits = self.router.logits(hidden)
-        chosen = _run_to_choice(self.block, self.experts, hidden.to(self.dtype))
+        chosen = _run_to_choice(self.block, self.experts, hidden.to(self.router.device, self.dtype))
         if chosen is None:  # the block skipped its experts for this input; its router is all there is
             return logits
         mask = torch.zeros_like(logits, dtype=torch.bool)
@@ -128,7 +136,7 @@ def choice_routers(loaded: LoadedModel) -> list[Router | BlockChoice]:
     routers: list[Router | BlockChoice] = []
     for block, experts, router in zip(_blocks(loaded), loaded.experts, find_routers(loaded)):
         try:
-            chosen = _run_to_choice(block, experts, probe)
+            chosen = _run_to_choice(block, experts, probe.to(router.device))
         except Exception:  # a block that needs more than hidden states (ZAYA1's router state) keeps its router
             chosen = None
         if chosen is not None and not _same_sets(router.logits(probe), chosen.reshape(PROBE_TOKENS, -1)):
@@ -166,7 +174,9 @@ def chosen_experts(args: tuple, kwargs: dict) -> torch.Tensor:
 @torch.no_grad()
 def _run_to_choice(block: nn.Module, experts: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
     """The experts ``block`` chooses for ``hidden`` ``[..., hidden_size]``: its forward runs until
-    it calls ``experts``, which never run. ``None``: the block returned without calling them."""
+    it calls ``experts``, which never run. ``None``: the block returned without calling them.
+    ``hidden`` is on the router's device; the block's first parameter may be an expert's, which
+    stays in host memory."""
 
     def stop(module: nn.Module, args: tuple, kwargs: dict) -> None:
         raise _Chosen(chosen_experts(args, kwargs))
@@ -174,7 +184,7 @@ def _run_to_choice(block: nn.Module, experts: nn.Module, hidden: torch.Tensor) -
     # First among the hooks: a trace recorder's on the same module must not see this call.
     handle = experts.register_forward_pre_hook(stop, with_kwargs=True, prepend=True)
     try:
-        block.forward(hidden.reshape(1, -1, hidden.shape[-1]).to(next(block.parameters()).device))
+        block.forward(hidden.reshape(1, -1, hidden.shape[-1]))
     except _Chosen as chosen:
         return chosen.experts
     finally:

@@ -69,6 +69,10 @@ def test_offloaded_cuda_generation_matches_cuda_reference(tiny_models: dict[str,
             result = engine.generate(PROMPT, greedy)
             assert result.token_ids == expected
             assert result.stats.link == "cuda" and result.stats.misses > 0
+        # gate's look-ahead runs the routers (DeepSeek-V3: whole blocks) on the GPU, the experts in host memory.
+        engine.configure("gate", cache_ratio=0.5)
+        result = engine.generate(PROMPT, greedy)
+        assert result.token_ids == expected and result.stats.prefetch_issued > 0
     finally:
         engine.close()
     # transformers' own generate on the same GPU, which decodes grouped_mm models with batched_mm.

@@ -57,6 +57,24 @@ def test_only_a_block_whose_choice_is_not_its_logits_top_k_is_run_for_the_look_a
         assert all(isinstance(r, BlockChoice) for r in choice_routers(load_model(str(tiny_models[family]), device="cpu")))
 
 
+@pytest.mark.parametrize("family", ["deepseek_v3", "longcat_flash"])
+def test_a_block_is_run_for_its_choice_where_its_router_is_not_where_its_experts_are(tiny_models: dict[str, Path], family: str) -> None:
+    # On a GPU the experts stay in host memory and everything else moves: a block whose first
+    # parameter is an expert's must still be run on its router's device. The experts never run
+    # for the choice, so here they move to the meta device in the GPU's place.
+    loaded = load_model(str(tiny_models[family]), device="cpu")
+    expected = [router(torch.randn(5, loaded.config.hidden_size, generator=torch.Generator().manual_seed(1))) for router in router_logits(loaded)]
+    for experts in loaded.experts:
+        for module in experts.modules():
+            for name, param in list(module.named_parameters(recurse=False)):
+                module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=False)
+    routers = choice_routers(loaded)
+    assert all(isinstance(r, BlockChoice) for r in routers)
+    hidden = torch.randn(5, loaded.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    for router, scores in zip(routers, expected, strict=True):
+        assert torch.equal(router.logits(hidden), scores)
+
+
 class _Block(nn.Module):
     def __init__(self, rows: list[int], hidden: int = 6) -> None:
         super().__init__()
