@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QSlider, QWidget
 
 from .store.speed_history import expected_speed
@@ -19,6 +19,9 @@ MAX_GB_WITHOUT_MODEL = 1024.0
 
 
 class BudgetSlider(QWidget):
+    changed = Signal()
+    """The budget, or whether one is used, changed."""
+
     def __init__(self, model: ModelInfo | None, available_bytes: int | None, speeds: dict[int, float],
                  budget_gb: float | None, cache_ratio: float, automatic_bytes: int | None = None,
                  parent: QWidget | None = None) -> None:
@@ -92,6 +95,13 @@ class BudgetSlider(QWidget):
         """The chosen budget; None when the cache is sized by its ratio instead."""
         return round(self.spin.value(), self.spin.decimals()) if self.enabled_box.isChecked() else None
 
+    def too_small(self) -> bool:
+        """Whether the chosen budget cannot hold the loaded model's smallest cache: saved, the
+        model would fail to load with it at every start."""
+        geometry = self.model.geometry if self.model is not None else None
+        return (self.enabled_box.isChecked() and geometry is not None
+                and int(self.spin.value() * GB) < geometry.budget_bytes_for(geometry.minimum_slots))
+
     def set_speeds(self, speeds: dict[int, float]) -> None:
         self.speeds = speeds
         self._update()
@@ -136,6 +146,7 @@ class BudgetSlider(QWidget):
         self.slots.setText(slots)
         self.speed.setText(speed)
         self.fit.setText(fit)
+        self.changed.emit()
 
 
 class _SlotSpinBox(QDoubleSpinBox):

@@ -117,6 +117,13 @@ class EnginePage(QWidget):
         self._on_policy_changed()
         self._on_link_changed()
 
+    def refusal(self) -> str | None:
+        """Why these settings cannot be kept, if they cannot: a budget too small for the loaded
+        model's smallest cache (the full policy takes no budget)."""
+        if self.budget.too_small() and self.policy.currentData() != "full":
+            return f"The VRAM budget is below the minimum {self.model.name} needs: raise it, or untick it."
+        return None
+
     def apply_to(self, options: EngineOptions) -> None:
         options.device = str(self.device.currentData())
         options.policy = str(self.policy.currentData())

@@ -65,9 +65,24 @@ class SettingsDialog(QDialog):
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
+        self.ok_button = buttons.button(QDialogButtonBox.StandardButton.Ok)
+        self.refusal = QLabel()
+        self.refusal.setObjectName("settingsRefusal")
+        self.refusal.setWordWrap(True)
+        self.engine.budget.changed.connect(self._on_engine_changed)
+        self.engine.policy.currentIndexChanged.connect(self._on_engine_changed)
         layout = QVBoxLayout(self)
         layout.addWidget(self.tabs)
+        layout.addWidget(self.refusal)
         layout.addWidget(buttons)
+        self._on_engine_changed()
+
+    def _on_engine_changed(self) -> None:
+        # Refused here, not at the next load: a saved budget too small fails every start until changed.
+        refusal = self.engine.refusal()
+        self.ok_button.setEnabled(refusal is None)
+        self.refusal.setText(refusal or "")
+        self.refusal.setVisible(refusal is not None)
 
     def apply_to(self, settings: Settings) -> None:
         settings.sampling = self.sampling.value()

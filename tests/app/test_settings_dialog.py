@@ -180,6 +180,33 @@ def test_the_dialog_applies_every_setting(qtbot) -> None:
     assert (settings.engine.link_setup, settings.engine.link_gbps) == ("rtx4060laptop-pcie4x8-olmoe", 3.5)
 
 
+def test_a_budget_below_the_models_minimum_cannot_be_saved(qtbot) -> None:
+    # Saved, it would make the model fail to load at every start until the box was unticked.
+    dialog = SettingsDialog(Settings(), engine=EngineContext(MODEL, 8 * GB, lambda policy: {}))
+    qtbot.addWidget(dialog)
+    budget = dialog.engine.budget
+    budget.enabled_box.setChecked(True)
+    assert dialog.ok_button.isEnabled()
+    budget.spin.setValue(GEOMETRY.budget_bytes_for(GEOMETRY.minimum_slots) / GB - 0.002)
+    assert not dialog.ok_button.isEnabled()
+    assert not dialog.refusal.isHidden() and "below the minimum test-moe needs" in dialog.refusal.text()
+    budget.spin.setValue(GEOMETRY.budget_bytes_for(GEOMETRY.minimum_slots) / GB + 0.001)
+    assert dialog.ok_button.isEnabled() and dialog.refusal.isHidden()
+    budget.slider.setValue(budget.slider.minimum())
+    assert not dialog.ok_button.isEnabled()
+    budget.enabled_box.setChecked(False)  # the cache sized by its ratio: nothing to refuse
+    assert dialog.ok_button.isEnabled()
+    budget.enabled_box.setChecked(True)
+    dialog.engine.policy.setCurrentIndex(dialog.engine.policy.findData("full"))  # takes no budget
+    assert dialog.ok_button.isEnabled()
+    # Without a model the minimum is unknown: any budget is kept, the load says if it is too small.
+    unknown = SettingsDialog(Settings(), engine=EngineContext(None, None, lambda policy: {}))
+    qtbot.addWidget(unknown)
+    unknown.engine.budget.enabled_box.setChecked(True)
+    unknown.engine.budget.spin.setValue(0.001)
+    assert unknown.ok_button.isEnabled()
+
+
 def test_accepted_settings_reconfigure_the_loaded_model_and_are_saved(qtbot, window, backend, monkeypatch) -> None:
     def accept(dialog: SettingsDialog) -> int:
         dialog.engine.budget.enabled_box.setChecked(True)
