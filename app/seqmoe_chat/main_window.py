@@ -339,10 +339,9 @@ class MainWindow(QMainWindow):
 
     def load_model(self, model: str) -> None:
         self._model = model
-        self.settings.remember_model(model)
-        self._save_settings()
         self._load_id = self.client.load(model, self.settings.engine)
-        self.model_bar.show_loading("Starting", 0.0)
+        # The worker loads after the reply it is generating: said, so the bar does not sit at 0%.
+        self.model_bar.show_loading("Waiting for the reply to end" if self.session.busy else "Starting", 0.0)
         self.status.show_model(None, "Loading the model…")
 
     def _on_load_progressed(self, request_id: int, stage: str, fraction: float) -> None:
@@ -354,6 +353,11 @@ class MainWindow(QMainWindow):
         if request_id == self._load_id:
             self.model_bar.show_loaded(info)
             self.status.show_model(info)
+            # Only a model that loads is opened at the next start and listed: a folder that failed
+            # would fail again at every start.
+            self.settings.remember_model(self._model)
+            self.model_bar.set_models(self.settings.recent_models, self.model_bar.chosen_model())
+            self._save_settings()
 
     def _on_load_failed(self, request_id: int, reason: str) -> None:
         if request_id == self._load_id:

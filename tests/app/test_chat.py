@@ -241,6 +241,35 @@ def test_a_model_that_fails_to_load_gets_a_dialog_and_the_app_stays_usable(qtbot
     assert window.status.model.text() == "seqmoe-demo"
 
 
+def test_only_a_model_that_loaded_is_opened_at_the_next_start_and_listed(qtbot, make_window, backend) -> None:
+    window = make_window()
+    window.load_model("/models/other-moe")
+    qtbot.waitUntil(lambda: model_shown(window) and window.client.model.path == "/models/other-moe", timeout=5000)
+    bar = window.model_bar.models
+    assert [bar.itemData(i) for i in range(1, 2)] == ["/models/other-moe"]  # listed at once, first after the demo
+    window.load_model("broken")
+    qtbot.waitUntil(lambda: window.findChild(QMessageBox, "errorMessage") is not None, timeout=5000)
+    window.findChild(QMessageBox, "errorMessage").accept()
+    window.close()
+    restarted = make_window()  # the model loaded last, again; no error
+    assert restarted.findChild(QMessageBox, "errorMessage") is None
+    assert restarted.client.model.path == "/models/other-moe"
+    assert restarted.settings.recent_models == ["/models/other-moe"]
+    bar = restarted.model_bar.models
+    assert "broken" not in [bar.itemData(i) for i in range(bar.count())]
+
+
+def test_a_model_loaded_while_a_reply_streams_waits_for_it_and_says_so(qtbot, window, backend) -> None:
+    backend.token_delay_s, backend.repeat = 0.02, 8
+    send(qtbot, window, "Hello there")
+    qtbot.waitUntil(lambda: len(backend.token_times) > 2, timeout=5000)
+    window.load_model("/models/other-moe")
+    assert window.model_bar.stage.toolTip() == "Waiting for the reply to end"
+    wait_idle(qtbot, window)
+    assert stored(window)[-1][2] == DONE  # the reply ran to its end, then the model changed
+    qtbot.waitUntil(lambda: model_shown(window) and window.client.model.path == "/models/other-moe", timeout=5000)
+
+
 def test_loading_shows_progress_and_can_be_cancelled(qtbot, make_window, backend) -> None:
     backend.load_delay_s = 0.3
     window = make_window(wait_for_model=False)
