@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -25,3 +26,14 @@ def write_text_atomically(path: Path, text: str, mode: int | None = None) -> Non
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def ordinary_file_mode(path: Path) -> int:
+    """The permissions a plain ``open(path, "w")`` would leave: an existing file's own, else
+    those the user's umask gives a new file."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)  # reading the umask means setting it; put back at once
+        os.umask(umask)
+        return 0o666 & ~umask

@@ -7,23 +7,18 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
-from .transcripts.export import FORMAT_NAMES, format_for
+from .transcripts.export import FORMAT_NAMES, export_target
 
 _FILTERS = {fmt: f"{name} (*.{fmt})" for fmt, name in FORMAT_NAMES.items()}
 
 
 def ask_export_path(parent: QWidget, suggested_name: str, fmt: str | None) -> tuple[Path, str] | None:
-    """A file to export to and its format (from the chosen filter, or ``fmt`` when given)."""
+    """A file to export to and its format: the typed extension's, else the chosen filter's (or ``fmt``'s, when given)."""
     filters = [_FILTERS[fmt]] if fmt else list(_FILTERS.values())
     path, chosen = QFileDialog.getSaveFileName(parent, "Export", f"{suggested_name}.{fmt or 'md'}", ";;".join(filters))
     if not path:
         return None
-    chosen_format = fmt or next((f for f, text in _FILTERS.items() if text == chosen), None) or format_for(Path(path))
-    if chosen_format not in FORMAT_NAMES:
-        chosen_format = "md"
-    if Path(path).suffix == "":
-        path = f"{path}.{chosen_format}"
-    return Path(path), chosen_format
+    return export_target(Path(path), fmt or next((f for f, text in _FILTERS.items() if text == chosen), "md"))
 
 
 def ask_import_path(parent: QWidget) -> Path | None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
 
 from seqmoe_chat.store import ConversationStore, SamplingSettings, open_database
 from seqmoe_chat.store.records import ASSISTANT, DONE, STOPPED, USER
-from seqmoe_chat.transcripts.export import format_for, render, write_export
+from seqmoe_chat.transcripts.export import export_target, format_for, render, write_export
 from seqmoe_chat.transcripts.fences import code_blocks, split_fences
 from seqmoe_chat.transcripts.json_format import TranscriptError, from_json, import_json, to_json
 from seqmoe_chat.transcripts.transcript import load_transcripts
@@ -119,6 +121,31 @@ def test_all_conversations_go_into_one_file(store: ConversationStore, conversati
         assert "Second chat" in text and "Adding numbers" in text
         assert format_for(path) == fmt
     assert list(tmp_path.glob(".*.tmp")) == []
+
+
+def test_an_export_takes_the_format_its_typed_name_asks_for(tmp_path: Path) -> None:
+    assert export_target(tmp_path / "notes.json", "md") == (tmp_path / "notes.json", "json")
+    assert export_target(tmp_path / "notes.HTM", "txt") == (tmp_path / "notes.HTM", "html")
+    assert export_target(tmp_path / "notes", "html") == (tmp_path / "notes.html", "html")
+    # A dot in a name is not an extension of an export format: the chosen format, the name kept.
+    assert export_target(tmp_path / "chat v2.5", "md") == (tmp_path / "chat v2.5", "md")
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
+def test_an_export_is_readable_as_any_saved_file_and_keeps_a_replaced_files_mode(
+        store: ConversationStore, conversation_id: int, tmp_path: Path) -> None:
+    transcripts = load_transcripts(store, [conversation_id])
+    old_umask = os.umask(0o022)
+    try:
+        write_export(tmp_path / "new.md", transcripts, "md")
+        existing = tmp_path / "existing.md"
+        existing.write_text("old")
+        existing.chmod(0o640)
+        write_export(existing, transcripts, "md")
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE((tmp_path / "new.md").stat().st_mode) == 0o644
+    assert stat.S_IMODE(existing.stat().st_mode) == 0o640 and "Adding numbers" in existing.read_text()
 
 
 def test_code_fences_are_found_like_commonmark() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..atomic_file import write_text_atomically
+from ..atomic_file import ordinary_file_mode, write_text_atomically
 from .html_format import to_html
 from .json_format import to_json
 from .reply_stats import stats_line
@@ -74,11 +74,24 @@ def render(transcripts: list[Transcript], fmt: str) -> str:
 
 def write_export(path: Path, transcripts: list[Transcript], fmt: str) -> None:
     """Write atomically: a temporary file beside ``path``, then a rename, so an existing
-    file is never left half-written."""
-    write_text_atomically(path, render(transcripts, fmt))
+    file is never left half-written. The file gets the permissions of any file the user
+    saves (an existing one keeps its own): an export is meant to be shared."""
+    write_text_atomically(path, render(transcripts, fmt), mode=ordinary_file_mode(path))
 
 
 def format_for(path: Path) -> str | None:
-    """The export format a file name asks for, by its extension."""
+    """The export format a file name asks for, by its extension; ``None``: no extension or
+    one of no export format."""
     suffix = Path(path).suffix.lower().lstrip(".")
-    return {"markdown": "md", "htm": "html", "text": "txt"}.get(suffix, suffix) if suffix else None
+    fmt = {"markdown": "md", "htm": "html", "text": "txt"}.get(suffix, suffix)
+    return fmt if fmt in FORMAT_NAMES else None
+
+
+def export_target(path: Path, chosen: str) -> tuple[Path, str]:
+    """The file and format of an export to ``path`` with the format ``chosen`` in the dialog:
+    an extension typed in the name wins (``notes.json`` is JSON, whatever the filter);
+    a name without an extension gets the chosen format's."""
+    typed = format_for(path)
+    if typed is not None:
+        return path, typed
+    return (path if path.suffix else path.with_name(f"{path.name}.{chosen}")), chosen
