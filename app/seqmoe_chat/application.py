@@ -74,7 +74,13 @@ def garbage_collected_on_this_thread() -> Iterator[None]:
     try:
         yield
     finally:
+        # With collection on, any allocation may collect, Qt's locks held: the timer's own
+        # disconnection as it is destroyed collected a leftover widget, whose destructor then waited
+        # for the lock the disconnection held (a hang at exit). So the garbage goes first, then
+        # the timer, and only then does collection come back on.
         collector.timer.stop()
+        gc.collect()
+        del collector
         if was_enabled:
             gc.enable()
 

@@ -1,8 +1,11 @@
-"""Starting the app: reference cycles are collected on the GUI thread alone."""
+"""Starting and leaving the app: reference cycles are collected on the GUI thread alone, and
+ending that leaves no Qt lock waiting for itself."""
 
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import threading
 import weakref
 
@@ -33,3 +36,33 @@ def test_garbage_made_on_another_thread_is_collected_on_the_gui_thread(qtbot) ->
     finally:
         gc.callbacks.remove(record)
     assert collected_on and set(collected_on) == {threading.main_thread()}
+
+
+# Widgets left in reference cycles (as a closed window leaves them), each with a connected
+# action, and Python collecting at every allocation: when collection came back on before the
+# collector's timer was destroyed, the timer's disconnection collected a widget whose
+# destructor waited for the lock the disconnection held.
+LEFTOVER_WIDGETS_AT_EXIT = """
+import gc
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QApplication, QWidget
+from seqmoe_chat.application import garbage_collected_on_this_thread
+app = QApplication([])
+gc.set_threshold(1)
+with garbage_collected_on_this_thread():
+    for _ in range(400):
+        widget = QWidget()
+        action = QAction("x", widget)
+        action.triggered.connect(widget.close)
+        widget.cycle = widget
+        del widget, action
+print("ended")
+"""
+
+
+def test_ending_the_gui_threads_collection_with_widgets_left_in_cycles_does_not_hang() -> None:
+    try:
+        result = subprocess.run([sys.executable, "-c", LEFTOVER_WIDGETS_AT_EXIT], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("ending the collection on the GUI thread hung") from None
+    assert result.returncode == 0 and result.stdout.strip() == "ended", result.stderr
