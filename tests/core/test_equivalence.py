@@ -141,9 +141,12 @@ def test_predictive_policies_give_the_reference_tokens(tiny_models: dict[str, Pa
                 engine.configure(policy, cache_ratio=ratio, future=future if policy.startswith("oracle") else None)
                 result = engine.generate(PROMPT, greedy)
                 assert result.token_ids == expected, f"{family} {policy} at cache ratio {ratio:.2f}"
-                if ratio == 0.5:
+                if ratio == 0.5 and policy != "seqmoe":
                     # Prefetching ran, unless decode found everything resident: prefill streams on
-                    # the emulated link, so what it leaves behind depends on timing.
+                    # the emulated link, so what it leaves behind depends on timing. ``seqmoe``
+                    # weighs each copy against the layer times measured in this run, and on random
+                    # weights its forecasts are rarely sure enough for a copy that would be late:
+                    # whether it copies at all depends on the machine's timing.
                     stats = result.stats
                     assert stats.prefetch_issued > 0 or stats.decode_misses == 0, policy
     finally:
