@@ -58,24 +58,39 @@ class CacheGeometry:
     def slots_for_ratio(self, ratio: float) -> int:
         if not 0 < ratio <= 1:
             raise BudgetTooSmall(f"cache ratio must be in (0, 1], got {ratio}")
-        return self._checked(round(ratio * self.total_experts), f"cache ratio {ratio}")
+        return self._checked(round(ratio * self.total_experts), ratio=ratio)
 
     def slots_for_budget(self, budget_bytes: int) -> int:
         spare = budget_bytes - self.resident_bytes - self.kv_bytes - self.workspace_bytes
         slots = max(spare, 0) // self.bytes_per_expert
-        return self._checked(min(slots, self.total_experts), f"a budget of {budget_bytes / 2**30:.2f} GiB")
+        return self._checked(min(slots, self.total_experts), budget_bytes=budget_bytes)
 
-    def _checked(self, slots: int, asked: str) -> int:
+    def _checked(self, slots: int, ratio: float | None = None, budget_bytes: int | None = None) -> int:
         if slots < self.minimum_slots:
             need = self.minimum_slots
+            least_bytes = self.budget_bytes_for(need)
+            decimals = 2 if budget_bytes is None else _decimals_telling_apart(budget_bytes, least_bytes)
+            asked = f"cache ratio {ratio}" if budget_bytes is None else f"a budget of {budget_bytes / 2**30:.{decimals}f} GiB"
             why = f"top-k {self.top_k} + 1" if need == self.top_k + 1 else f"all its experts: top-k {self.top_k}"
             raise BudgetTooSmall(
                 f"{asked} leaves {slots} expert slots, below this model's minimum of {need} "
                 f"({why}): it needs a cache ratio of at least "
                 f"{math.ceil(need / self.total_experts * 100) / 100:.2f} or a VRAM budget of at least "
-                f"{math.ceil(self.budget_bytes_for(need) / 2**30 * 100) / 100:.2f} GiB"
+                f"{_gib_rounded_up(least_bytes, decimals)} GiB"
             )
         return slots
+
+
+def _gib_rounded_up(size: int, decimals: int) -> str:
+    """``size`` bytes in GiB, rounded up: a budget of the figure shown is at least ``size``."""
+    scale = 10**decimals
+    return f"{math.ceil(size / 2**30 * scale) / scale:.{decimals}f}"
+
+
+def _decimals_telling_apart(asked: int, least: int) -> int:
+    """As few decimals (2 to 4) as show a budget and the least that works as different figures:
+    "0.02 GiB leaves too few slots, it needs at least 0.02 GiB" helps nobody."""
+    return next((d for d in (2, 3) if f"{asked / 2**30:.{d}f}" != _gib_rounded_up(least, d)), 4)
 
 
 def kv_cache_bytes(config: PretrainedConfig, context_tokens: int, element_size: int) -> int:

@@ -162,9 +162,12 @@ def test_budget_pays_for_resident_weights_kv_and_workspace_first() -> None:
 
 
 def test_budget_below_minimum_names_the_minimum() -> None:
-    # 16 MiB of weights, KV cache and workspace, then three 1 MiB experts: 19 MiB, 0.0186 GiB.
-    with pytest.raises(BudgetTooSmall, match="minimum of 3 .* a VRAM budget of at least 0.02 GiB"):
+    # 16 MiB of weights, KV cache and workspace, then three 1 MiB experts: 19 MiB, 0.0186 GiB;
+    # 18 MiB are 0.0176 GiB: with two decimals both would read 0.02.
+    with pytest.raises(BudgetTooSmall, match="a budget of 0.018 GiB leaves 2 .* minimum of 3 .* a VRAM budget of at least 0.019 GiB"):
         geometry().slots_for_budget(16 * 2**20 + 2 * 2**20)
+    with pytest.raises(BudgetTooSmall, match="a budget of 0.01 GiB .* at least 0.02 GiB"):
+        geometry().slots_for_budget(12 * 2**20)
     with pytest.raises(BudgetTooSmall):
         geometry().slots_for_ratio(0.0)
     # A layer whose top-k is every expert needs them all, not one more than there are.
