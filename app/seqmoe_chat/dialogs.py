@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QStandardPaths, Qt
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
 from .transcripts.export import FORMAT_NAMES, export_target
@@ -15,7 +15,10 @@ _FILTERS = {fmt: f"{name} (*.{fmt})" for fmt, name in FORMAT_NAMES.items()}
 def ask_export_path(parent: QWidget, suggested_name: str, fmt: str | None) -> tuple[Path, str] | None:
     """A file to export to and its format: the typed extension's, else the chosen filter's (or ``fmt``'s, when given)."""
     filters = [_FILTERS[fmt]] if fmt else list(_FILTERS.values())
-    path, chosen = QFileDialog.getSaveFileName(parent, "Export", f"{suggested_name}.{fmt or 'md'}", ";;".join(filters))
+    # In the user's documents, not wherever the app was started from.
+    folder = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation) or str(Path.home())
+    start = str(Path(folder) / f"{suggested_name}.{fmt or 'md'}")
+    path, chosen = QFileDialog.getSaveFileName(parent, "Export", start, ";;".join(filters))
     if not path:
         return None
     return export_target(Path(path), fmt or next((f for f, text in _FILTERS.items() if text == chosen), "md"))

@@ -8,7 +8,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QStandardPaths, Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication, QDialog, QMessageBox
 
@@ -109,6 +109,21 @@ def test_ctrl_e_exports_the_conversation_in_the_chosen_format(qtbot, window, tmp
     html = target.read_text(encoding="utf-8")
     assert html.startswith("<!DOCTYPE html>") and "Export me" in html and "print(&#x27;hello&#x27;)" not in html
     assert "Exported 1 conversation" in window.status.currentMessage()
+
+
+def test_the_export_dialog_starts_in_the_documents_and_the_typed_extension_wins(qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    asked = []
+
+    def save_file_name(parent, title, start, filters):
+        asked.append((start, filters))
+        return str(tmp_path / "notes.json"), "Markdown (*.md)"  # JSON typed, the Markdown filter left chosen
+
+    monkeypatch.setattr(dialogs.QFileDialog, "getSaveFileName", save_file_name)
+    chat(qtbot, window, "Export me")
+    press(qtbot, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
+    documents = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+    assert Path(asked[0][0]).parent == Path(documents) and asked[0][0].endswith(".md")
+    assert json.loads((tmp_path / "notes.json").read_text(encoding="utf-8"))["conversations"]
 
 
 def test_every_export_format_from_the_context_menu_and_json_import(qtbot, window, tmp_path: Path, monkeypatch) -> None:
