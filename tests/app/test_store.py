@@ -117,6 +117,12 @@ def test_search_finds_titles_and_message_text_and_ignores_like_wildcards(store: 
     assert [s.id for s in found] == [cooking.id] and "boil" in found[0].snippet
     assert [s.id for s in store.summaries("100%")] == [cooking.id]
     assert store.summaries("_") == []
+    # A message that fits the snippet shows whole, its match near the end or not.
+    assert store.summaries("minutes")[0].snippet == "How long do I boil an egg? About 100% sure it's 7 minutes."
+    long = store.create(title="Long")
+    store.add_message(long.id, None, USER, "word " * 40 + "needle " + "word " * 40, DONE)
+    snippet = store.summaries("needle")[0].snippet
+    assert snippet.startswith("…") and snippet.endswith("…") and "needle" in snippet
 
 
 def test_deleting_can_be_undone_until_purged(store: ConversationStore) -> None:

@@ -232,7 +232,8 @@ class ConversationStore:
 def _snippet(content: str, query: str) -> str:
     if not content:
         return ""
-    start = max(content.lower().find(query.lower()) - SNIPPET_CHARS // 3, 0)
+    # The match a third in, but the window never runs past the end: a short message shows whole.
+    start = max(min(content.lower().find(query.lower()) - SNIPPET_CHARS // 3, len(content) - SNIPPET_CHARS), 0)
     text = " ".join(content[start : start + SNIPPET_CHARS].split())
     return ("…" if start else "") + text + ("…" if start + SNIPPET_CHARS < len(content) else "")
 
