@@ -6,7 +6,7 @@ tokens come; the view follows the end of the chat unless the user scrolled up.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from .message_widget import MessageWidget
@@ -54,6 +54,19 @@ class ChatView(QScrollArea):
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(lambda value: setattr(self, "_follow", value >= bar.maximum() - _BOTTOM_SLACK))
         bar.rangeChanged.connect(lambda _low, high: self._follow and bar.setValue(high))
+
+    def minimumSizeHint(self) -> QSize:
+        """At least as wide as the messages' column can be: narrower, with no horizontal scroll
+        bar, their text was cut off at the right; the window stops narrowing there instead."""
+        hint = super().minimumSizeHint()
+        column = self.widget().minimumSizeHint().width() + self.verticalScrollBar().sizeHint().width() + 2 * self.frameWidth()
+        return QSize(max(hint.width(), column), hint.height())
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        # The column's minimum changes with its messages (their buttons): the window must learn it.
+        if watched is self.widget() and event.type() == QEvent.Type.LayoutRequest:
+            self.updateGeometry()
+        return super().eventFilter(watched, event)
 
     def show_thread(self, entries: list[ThreadEntry], busy: bool) -> None:
         self._pending.clear()

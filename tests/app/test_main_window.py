@@ -233,3 +233,13 @@ def test_a_settings_folder_that_refuses_writes_is_reported_and_the_app_runs_and_
     assert box is not None and "No space left on device" in box.text()
     window.close()  # the layout's save fails too, and the engine's thread still ends
     assert not window.client._thread.isRunning()
+
+
+def test_a_narrow_window_never_cuts_off_the_chats_text(qtbot, window) -> None:
+    # The chat has no horizontal scroll bar: narrower than its messages' column, their text was
+    # cut off at the right while the live panel kept its width.
+    chat(qtbot, window, "Explain how a mixture of experts routes tokens, in detail please")
+    window.resize(300, 700)
+    column = window.chat.widget()
+    qtbot.waitUntil(lambda: window.width() < 900 and window.chat.viewport().width() >= column.minimumSizeHint().width())
+    assert not window.panel.isHidden() and window.chat.viewport().width() >= column.width()
