@@ -15,6 +15,7 @@ says so once until writing works again.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -95,7 +96,7 @@ class ChatSession(QObject):
         return conversation.id
 
     def send(self, text: str) -> bool:
-        text = text.strip()
+        text = _as_sent(text)
         if not text or self.busy:
             return False
         try:
@@ -132,12 +133,13 @@ class ChatSession(QObject):
 
     def resend_edited(self, message_id: int, text: str) -> None:
         """Send ``text`` in place of a user message; what followed it stays as an earlier version."""
-        if not text.strip():
+        text = _as_sent(text)
+        if not text:
             return
         self.stop()
         original = self.store.message(message_id)
         try:
-            edited = self.store.add_message(original.conversation_id, original.parent_id, USER, text.strip(), DONE)
+            edited = self.store.add_message(original.conversation_id, original.parent_id, USER, text, DONE)
         except sqlite3.Error as error:
             self._save_failed(error)
             return
@@ -250,6 +252,12 @@ class ChatSession(QObject):
     def _message(self, message_id: int) -> Message:
         """The message as stored, with the changes the database has not taken yet."""
         return dataclasses.replace(self.store.message(message_id), **self._unsaved.get(message_id, {}))
+
+
+def _as_sent(text: str) -> str:
+    """``text`` without the blank lines before it and the whitespace after it; the indentation
+    of its first line stays (pasted code)."""
+    return re.sub(r"\A(?:[ \t]*\r?\n)+", "", text).rstrip()
 
 
 def _title_from(text: str) -> str:

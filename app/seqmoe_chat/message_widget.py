@@ -111,7 +111,8 @@ class MessageWidget(QFrame):
 
     def set_actions_enabled(self, enabled: bool) -> None:
         """While a reply streams, nothing may change the thread under it."""
-        for button in (self.edit_button, self.regenerate_button, self.previous_button, self.next_button):
+        for button in (self.edit_button, self.regenerate_button, self.previous_button, self.next_button,
+                       self.save_edit_button):
             button.setEnabled(enabled)
         if enabled:
             self.previous_button.setEnabled(self._version > 1)
@@ -136,8 +137,8 @@ class MessageWidget(QFrame):
         self.body.setVisible(True)
 
     def _submit_edit(self) -> None:
-        text = self.editor.toPlainText().strip()
-        if text:
+        text = self.editor.toPlainText()
+        if text.strip():
             self.stop_editing()
             self.sig_edit_submitted.emit(self.message.id, text)
 

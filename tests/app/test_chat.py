@@ -128,6 +128,32 @@ def test_editing_a_message_resends_it_and_keeps_the_earlier_version(qtbot, windo
     assert shown(window)[2] == (USER, "And 3+3?")
 
 
+def test_pasted_code_keeps_its_indentation_sent_and_edited(qtbot, window, backend) -> None:
+    code = "    def f():\n        return 1"
+    send(qtbot, window, "\n  \n" + code + "\n\n")  # only the blank lines around it go
+    wait_idle(qtbot, window)
+    assert stored(window)[0][1] == code and backend.prompts[-1][-1]["content"] == code
+    first = list(window.chat.widgets.values())[0]
+    qtbot.mouseClick(first.edit_button, Qt.MouseButton.LeftButton)
+    first.editor.setPlainText("  x = 1\n")
+    qtbot.mouseClick(first.save_edit_button, Qt.MouseButton.LeftButton)
+    wait_idle(qtbot, window)
+    assert stored(window)[0][1] == "  x = 1"
+
+
+def test_an_open_edit_cannot_be_sent_while_a_reply_streams(qtbot, window, backend) -> None:
+    # Sending it would have stopped the streaming reply without a word.
+    send(qtbot, window, "What is 2+2?")
+    wait_idle(qtbot, window)
+    first = list(window.chat.widgets.values())[0]
+    qtbot.mouseClick(first.edit_button, Qt.MouseButton.LeftButton)
+    backend.token_delay_s, backend.repeat = 0.02, 8
+    window.session.send("And 3+3?")
+    assert window.session.busy and first.editor.isVisible() and not first.save_edit_button.isEnabled()
+    wait_idle(qtbot, window)
+    assert first.save_edit_button.isEnabled() and stored(window)[-1][2] == DONE
+
+
 def test_the_system_prompt_and_sampling_of_a_conversation_reach_the_engine(qtbot, window, backend, monkeypatch) -> None:
     def accept(dialog: ConversationDialog) -> int:
         dialog.system_prompt.setPlainText("Answer like a pirate.")
