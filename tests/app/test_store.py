@@ -117,6 +117,12 @@ def test_search_finds_titles_and_message_text_and_ignores_like_wildcards(store: 
     assert [s.id for s in found] == [cooking.id] and "boil" in found[0].snippet
     assert [s.id for s in store.summaries("100%")] == [cooking.id]
     assert store.summaries("_") == []
+    # Case is ignored in every script, not only in ASCII letters.
+    other = store.create(title="Unicode")
+    store.add_message(other.id, None, USER, "Привет, Ünïcode Straße", DONE)
+    for query in ("привет", "ÜNÏCODE", "STRASSE", "ünïcode"):
+        assert [s.id for s in store.summaries(query)] == [other.id], query
+    assert [s.id for s in store.summaries("КОНВЕРТ")] == []
     # A message that fits the snippet shows whole, its match near the end or not.
     assert store.summaries("minutes")[0].snippet == "How long do I boil an egg? About 100% sure it's 7 minutes."
     long = store.create(title="Long")

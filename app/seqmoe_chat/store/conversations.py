@@ -69,16 +69,15 @@ class ConversationStore:
                 "SELECT id, title, updated_at, '' FROM conversations WHERE deleted_at IS NULL ORDER BY updated_at DESC"
             ).fetchall()
         else:
-            pattern = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
             rows = self.connection.execute(
                 "SELECT c.id, c.title, c.updated_at,"
-                " (SELECT m.content FROM messages m WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\'"
+                " (SELECT m.content FROM messages m WHERE m.conversation_id = c.id AND instr(casefold(m.content), ?1)"
                 "  ORDER BY m.id LIMIT 1)"
                 " FROM conversations c WHERE c.deleted_at IS NULL"
-                " AND (c.title LIKE ?1 ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m"
-                "  WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\'))"
+                " AND (instr(casefold(c.title), ?1) OR EXISTS (SELECT 1 FROM messages m"
+                "  WHERE m.conversation_id = c.id AND instr(casefold(m.content), ?1)))"
                 " ORDER BY c.updated_at DESC",
-                (pattern,),
+                (query.casefold(),),
             ).fetchall()
         return [ConversationSummary(row[0], row[1], row[2], _snippet(row[3] or "", query)) for row in rows]
 
@@ -233,7 +232,8 @@ def _snippet(content: str, query: str) -> str:
     if not content:
         return ""
     # The match a third in, but the window never runs past the end: a short message shows whole.
-    start = max(min(content.lower().find(query.lower()) - SNIPPET_CHARS // 3, len(content) - SNIPPET_CHARS), 0)
+    # Found in the case-folded text: where folding changes a length (ß to ss) the window shifts a little.
+    start = max(min(content.casefold().find(query.casefold()) - SNIPPET_CHARS // 3, len(content) - SNIPPET_CHARS), 0)
     text = " ".join(content[start : start + SNIPPET_CHARS].split())
     return ("…" if start else "") + text + ("…" if start + SNIPPET_CHARS < len(content) else "")
 

@@ -50,6 +50,9 @@ def _connect(path: Path) -> sqlite3.Connection:
         # NORMAL keeps every commit after an app crash; only a power cut may lose the last ones.
         connection.execute("PRAGMA synchronous=NORMAL")
         connection.execute("PRAGMA foreign_keys=ON")
+        # SQLite's LIKE and lower() fold ASCII letters only: search folds every script's case.
+        connection.create_function("casefold", 1, lambda text: text.casefold() if isinstance(text, str) else text,
+                                   deterministic=True)
         check = connection.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
             raise sqlite3.DatabaseError(f"integrity check failed: {check}")
