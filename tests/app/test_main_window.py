@@ -155,15 +155,22 @@ def test_a_broken_import_file_is_reported(qtbot, window, tmp_path: Path, monkeyp
 
 
 def test_themes_switch_the_palette_and_are_remembered(qtbot, make_window) -> None:
+    def message_text_lightness(window) -> int:
+        return next(iter(window.chat.widgets.values())).body.palette().color(QPalette.ColorRole.Text).lightness()
+
     window = make_window()
+    chat(qtbot, window, "Readable in both themes?")
     dark = next(a for a in window.theme_actions.actions() if a.text() == "Dark")
     dark.trigger()
     assert QApplication.palette().color(QPalette.ColorRole.Window).lightness() < 80
+    # The messages shown follow (their text stayed black on the dark background).
+    qtbot.waitUntil(lambda: message_text_lightness(window) > 180, timeout=2000)
     window.close()
     again = make_window()
     assert again.settings.theme == "dark" and next(a for a in again.theme_actions.actions() if a.isChecked()).text() == "Dark"
     next(a for a in again.theme_actions.actions() if a.text() == "Light").trigger()
     assert QApplication.palette().color(QPalette.ColorRole.Window).lightness() > 180
+    qtbot.waitUntil(lambda: message_text_lightness(again) < 80, timeout=2000)
 
 
 def test_window_geometry_and_splitter_are_restored(qtbot, make_window) -> None:
