@@ -88,6 +88,9 @@ class Sidebar(QWidget):
         self.list.customContextMenuRequested.connect(self._show_menu)
         self.list.currentItemChanged.connect(self._on_current_changed)
         self.list.itemChanged.connect(self._on_item_changed)
+        self._deferred: tuple[list[ConversationSummary], int | None] | None = None
+        # Queued: the list is refilled once the view has finished closing the editor.
+        self.list.itemDelegate().closeEditor.connect(self._fill_deferred, Qt.ConnectionType.QueuedConnection)
         delete = QShortcut(QKeySequence(QKeySequence.StandardKey.Delete), self.list)
         delete.setContext(Qt.ShortcutContext.WidgetShortcut)
         delete.activated.connect(lambda: self._request_delete(self.current_id()))
@@ -118,6 +121,11 @@ class Sidebar(QWidget):
         self._filling = False
 
     def set_conversations(self, summaries: list[ConversationSummary], current_id: int | None) -> None:
+        if self.list.state() == QAbstractItemView.State.EditingState:
+            # Refilled now, the list would close the editor and lose the name being typed (a reply
+            # ending mid-rename refreshes it): the latest list waits for the editor to close.
+            self._deferred = (summaries, current_id)
+            return
         self._filling = True
         self.list.clear()
         for summary in summaries:
@@ -130,6 +138,11 @@ class Sidebar(QWidget):
             if summary.id == current_id:
                 self.list.setCurrentItem(item)
         self._filling = False
+
+    def _fill_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self.set_conversations(*deferred)
 
     def current_id(self) -> int | None:
         item = self.list.currentItem()

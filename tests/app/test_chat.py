@@ -8,7 +8,7 @@ import time
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QApplication, QDialog, QMessageBox
+from PySide6.QtWidgets import QAbstractItemView, QApplication, QDialog, QLineEdit, QMessageBox
 
 from seqmoe_chat.conversation_dialog import ConversationDialog
 from seqmoe_chat.markdown_view import MarkdownView
@@ -294,6 +294,21 @@ def test_a_model_loaded_while_a_reply_streams_waits_for_it_and_says_so(qtbot, wi
     wait_idle(qtbot, window)
     assert stored(window)[-1][2] == DONE  # the reply ran to its end, then the model changed
     qtbot.waitUntil(lambda: model_shown(window) and window.client.model.path == "/models/other-moe", timeout=5000)
+
+
+def test_a_rename_in_progress_survives_a_reply_ending(qtbot, window, backend) -> None:
+    send(qtbot, window, "hello")
+    wait_idle(qtbot, window)
+    backend.token_delay_s, backend.repeat = 0.02, 6
+    send(qtbot, window, "and more")
+    window.rename_current()
+    editor = window.sidebar.list.viewport().findChild(QLineEdit)
+    editor.setText("Greetings")
+    wait_idle(qtbot, window)  # the reply's end refreshes the list
+    assert window.sidebar.list.state() == QAbstractItemView.State.EditingState and editor.text() == "Greetings"
+    qtbot.keyClick(editor, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: window.sidebar.list.item(0).text() == "Greetings", timeout=2000)
+    assert window.store.get(window.session.conversation_id).title == "Greetings"
 
 
 def test_loading_shows_progress_and_can_be_cancelled(qtbot, make_window, backend) -> None:
