@@ -127,6 +127,18 @@ def test_another_model_of_the_same_shape_starts_the_panel_afresh(qtbot, window, 
     assert panel.model is model, "the same model, resized, keeps its reply's figures"
 
 
+def test_a_model_of_another_shape_never_sees_the_last_models_events(qtbot, window, backend) -> None:
+    panel = window.panel
+    events = [LayerRouted(1, (11,), (11,), False), CacheSnapshot(1, ((1, 11),), (SlotStatus.READY,))]
+    for event in events:  # the last reply's events of the 2 x 12 model, not drained yet
+        backend.engines[-1].events.emit(event)
+    smaller = replace(panel.info, name="small-moe", path="/models/small-moe", num_layers=1, experts_per_layer=8,
+                      cached=())
+    panel.set_model(smaller)
+    panel.refresh()  # raised IndexError folding layer 1, expert 11 into a 1 x 8 model
+    assert panel.model.num_layers == 1 and panel.model.counters.misses == 0
+
+
 def test_the_cache_map_shows_what_configure_filled_before_any_reply(qtbot, window) -> None:
     engine = Engine(load_model(str(demo_model_dir()), device="cpu"))
     engine.configure("seqmoe", cache_ratio=0.45)  # fills the cache with the predictor's likeliest experts

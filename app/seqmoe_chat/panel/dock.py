@@ -139,6 +139,9 @@ class TelemetryDock(QDockWidget):
             if model is None or self.info is None or self.info.path != info.path or (
                 model.num_layers, model.num_experts, model.bytes_per_copy, model.all_resident
             ) != (info.num_layers, info.experts_per_layer, info.bytes_per_copy, all_resident):
+                # The last model's events still waiting index its own layers and experts: folded
+                # into the new model they raised IndexError (a model loaded after a reply).
+                self.buffer.drain()
                 self.model = TelemetryModel(info.num_layers, info.experts_per_layer, info.bytes_per_copy,
                                             all_resident=all_resident, cached=info.cached)
             else:  # between generations: the cache as the resize or the new policy left it
