@@ -110,7 +110,10 @@ class ModelBar(QWidget):
         if not folder:
             self.models.setCurrentIndex(self._previous_index)
             return
-        self.models.insertItem(1, Path(folder).name, folder)
-        self.models.setCurrentIndex(1)
-        self._previous_index = 1
+        index = self.models.findData(folder)
+        if index < 0:  # a folder listed already is chosen again, not listed twice
+            self.models.insertItem(1, Path(folder).name, folder)
+            index = 1
+        self.models.setCurrentIndex(index)
+        self._previous_index = index
         self.sig_load_requested.emit(folder)

@@ -311,6 +311,21 @@ def test_a_rename_in_progress_survives_a_reply_ending(qtbot, window, backend) ->
     assert window.store.get(window.session.conversation_id).title == "Greetings"
 
 
+def test_a_folder_chosen_again_is_selected_not_listed_twice(qtbot, monkeypatch) -> None:
+    from seqmoe_chat import model_bar
+
+    bar = model_bar.ModelBar()
+    qtbot.addWidget(bar)
+    monkeypatch.setattr(model_bar.QFileDialog, "getExistingDirectory", lambda *args: "/models/mine")
+    requested = []
+    bar.sig_load_requested.connect(requested.append)
+    for _ in range(2):
+        bar.models.activated.emit(bar.models.findData(model_bar._OTHER))
+    listed = [bar.models.itemData(i) for i in range(bar.models.count())]
+    assert listed.count("/models/mine") == 1 and bar.chosen_model() == "/models/mine"
+    assert requested == ["/models/mine", "/models/mine"]
+
+
 def test_loading_shows_progress_and_can_be_cancelled(qtbot, make_window, backend) -> None:
     backend.load_delay_s = 0.3
     window = make_window(wait_for_model=False)
