@@ -79,8 +79,7 @@ class Library:
         if folder in self.imported or folder.parent == models_dir(self.data_dir):
             raise LibraryError(f"{folder} is already in the library")
         check_model_folder(folder)
-        self.imported.append(folder)
-        self._save()
+        self._keep([*self.imported, folder])
         return LibraryModel(folder.name, folder, IMPORTED, _size(folder))
 
     def delete(self, model: LibraryModel) -> None:
@@ -89,8 +88,7 @@ class Library:
         if model.source == BUNDLED:
             raise LibraryError("the bundled demo model is part of the app and cannot be deleted")
         if model.source == IMPORTED:
-            self.imported = [p for p in self.imported if p != model.path]
-            self._save()
+            self._keep([p for p in self.imported if p != model.path])
             return
         try:
             if model.source == HUB_CACHE:
@@ -132,11 +130,14 @@ class Library:
                                           repo.repo_id, revision.commit_hash))
         return found
 
-    def _save(self) -> None:
+    def _keep(self, imported: list[Path]) -> None:
+        """Save ``imported`` as the list of imported folders, then list them: a change that could
+        not be saved is not shown either (it would be gone at the next start)."""
         try:
-            write_json(self._file, LIBRARY_FORMAT, LIBRARY_VERSION, {"imported": [str(p) for p in self.imported]})
+            write_json(self._file, LIBRARY_FORMAT, LIBRARY_VERSION, {"imported": [str(p) for p in imported]})
         except OSError as error:
             raise LibraryError(f"the library list could not be saved: {error.strerror or error}") from None
+        self.imported = imported
 
 
 def _source_repo(folder: Path) -> str:

@@ -63,6 +63,25 @@ def test_an_imported_folder_is_checked_listed_and_only_forgotten(data_dir: Path,
     assert not by_source(Library(data_dir), IMPORTED) and (tiny_repo / "config.json").is_file()
 
 
+def test_an_import_or_a_forgetting_that_cannot_be_saved_changes_nothing(data_dir: Path, tiny_repo: Path, monkeypatch) -> None:
+    from seqmoe_chat.models import library as library_module
+
+    library = Library(data_dir)
+    model = library.import_folder(tiny_repo)
+
+    def full_disk(*args, **kwargs) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(library_module, "write_json", full_disk)
+    with pytest.raises(LibraryError, match="could not be saved: No space left on device"):
+        library.delete(model)
+    assert library.imported == [tiny_repo]  # still listed, as it will be at the next start
+    library.imported = []
+    with pytest.raises(LibraryError, match="could not be saved"):
+        library.import_folder(tiny_repo)
+    assert library.imported == []  # not listed: trying again must not say "already in the library"
+
+
 def test_the_bundled_demo_is_listed_calibrated_and_cannot_be_deleted(data_dir: Path) -> None:
     library = Library(data_dir)
     (demo,) = by_source(library, BUNDLED)
