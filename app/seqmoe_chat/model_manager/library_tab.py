@@ -135,7 +135,8 @@ class LibraryTab(QWidget):
         if folder is None:
             return
         self.message.setText(f"Checking {folder}…")
-        self.manager.import_folder(folder, lambda error: self.message.setText(f"{folder} was not imported: {error}"))
+        self.manager.import_folder(folder, lambda model: self.message.setText(f"{model.name} was added to the library."),
+                                   lambda error: self.message.setText(f"{folder} was not imported: {error}"))
 
     def show_calibration(self, status: CalibrationStatus) -> None:
         running = status.state == RUNNING

@@ -11,7 +11,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from ..models.calibration_job import CalibrationRunner, CalibrationStatus
 from ..models.download_runner import DownloadRunner
-from ..models.library import Library, LibraryError, LibraryItem
+from ..models.library import Library, LibraryError, LibraryItem, LibraryModel
 from .background import run_in_background
 
 POLL_MS = 200
@@ -99,9 +99,15 @@ class ModelManager(QObject):
         self.library.delete(item.model)
         self.refresh_library()
 
-    def import_folder(self, folder: Path, on_failed: Callable[[Exception], None]) -> None:
+    def import_folder(self, folder: Path, on_added: Callable[[LibraryModel], None],
+                      on_failed: Callable[[Exception], None]) -> None:
         """Check and add ``folder`` off the GUI thread (the check imports the engine)."""
-        run_in_background(lambda: self.library.import_folder(folder), lambda _model: self.refresh_library(), on_failed, self)
+
+        def added(model: LibraryModel) -> None:
+            on_added(model)
+            self.refresh_library()
+
+        run_in_background(lambda: self.library.import_folder(folder), added, on_failed, self)
 
     def shut_down(self) -> None:
         """The app quits: the running download stays queued for next time, a calibration stops."""

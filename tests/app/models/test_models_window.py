@@ -124,6 +124,19 @@ def test_the_library_deletes_after_confirmation_and_reveals_folders(
     qtbot.waitUntil(lambda: all(i.model.path != folder for i in library.items), timeout=30_000)
 
 
+def test_an_imported_folder_is_said_added_or_why_not(qtbot, window, tiny_repo: Path, dense_repo: Path, monkeypatch) -> None:
+    library = window().library
+    monkeypatch.setattr(prompts, "choose_folder", lambda parent: tiny_repo)
+    library.import_folder()
+    assert library.message.text() == f"Checking {tiny_repo}…"
+    qtbot.waitUntil(lambda: library.message.text() == f"{tiny_repo.name} was added to the library.", timeout=30_000)
+    qtbot.waitUntil(lambda: any(i.model.path == tiny_repo for i in library.items), timeout=30_000)
+    monkeypatch.setattr(prompts, "choose_folder", lambda parent: dense_repo)
+    library.import_folder()
+    qtbot.waitUntil(lambda: "was not imported" in library.message.text(), timeout=30_000)
+    assert "not a Mixture-of-Experts" in library.message.text()
+
+
 def test_calibration_shows_progress_and_its_result(qtbot, window, data_dir: Path, tiny_repo: Path) -> None:
     folder = shutil.copytree(tiny_repo, target_dir(data_dir, TINY))
     dialog = window(calibration=CalibrationRunner(command=[sys.executable, "-c", FAKE_CALIBRATE]))
