@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sqlite3
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from PySide6.QtCore import QSize
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
+from . import dialogs
 from .app_metadata import APP_ID, APP_TITLE, ICON_SIZES, app_version, icon_png
 from .engine_client import EngineClient
 from .paths import config_dir, data_dir
@@ -97,12 +99,21 @@ def run_app(data_dir_override: Path | None, model: str | None) -> int:
 
     app = create_application()
     folder = data_dir(data_dir_override)
-    folder.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(
-        filename=folder / LOG_NAME, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        logging.basicConfig(
+            filename=folder / LOG_NAME, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        context = open_context(folder)
+    except (OSError, sqlite3.Error) as error:
+        # Started from a desktop entry, a traceback on stderr is seen by nobody.
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        dialogs.show_fatal(f"{APP_TITLE} cannot start",
+                           f"Its data folder {folder} cannot be written: {reason}.\n\nMake it writable, or choose another "
+                           "with --data-dir or the SEQMOE_CHAT_DATA_DIR environment variable.")
+        return 1
     with garbage_collected_on_this_thread():
-        window = MainWindow(open_context(folder), model)
+        window = MainWindow(context, model)
         window.show()
         window.start()
         return leave(window.context.client, app.exec())

@@ -36,3 +36,8 @@ def show_error(parent: QWidget, title: str, text: str) -> QMessageBox:
     box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
     box.open()
     return box
+
+
+def show_fatal(title: str, text: str) -> None:
+    """A message shown before the app gives up starting; returns when it is closed."""
+    QMessageBox.critical(None, title, text)

@@ -1,5 +1,5 @@
-"""Starting and leaving the app: reference cycles are collected on the GUI thread alone, and
-ending that leaves no Qt lock waiting for itself."""
+"""Starting and leaving the app: a data folder that cannot be written is said, reference cycles
+are collected on the GUI thread alone, and ending that leaves no Qt lock waiting for itself."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import weakref
 import pytest
 from PySide6.QtWidgets import QLabel
 
-from seqmoe_chat.application import garbage_collected_on_this_thread
+from seqmoe_chat import dialogs
+from seqmoe_chat.application import garbage_collected_on_this_thread, run_app
 
 
 class Cycle:
@@ -49,7 +50,8 @@ LEFTOVER_WIDGETS_AT_EXIT = """
 import gc
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QApplication, QWidget
-from seqmoe_chat.application import garbage_collected_on_this_thread
+from seqmoe_chat import dialogs
+from seqmoe_chat.application import garbage_collected_on_this_thread, run_app
 app = QApplication([])
 gc.set_threshold(1)
 with garbage_collected_on_this_thread():
@@ -81,3 +83,14 @@ def test_qt_calls_that_return_nothing_leave_nones_references_alone(qtbot) -> Non
     for _ in range(2000):
         label.setText("streamed text")
     assert sys.getrefcount(None) > before - 100
+
+
+def test_a_data_folder_that_cannot_be_written_is_said_and_the_app_ends(qtbot, tmp_path, monkeypatch) -> None:
+    # Started from a desktop entry, the traceback it gave went nowhere anyone looks.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    shown: list[str] = []
+    monkeypatch.setattr(dialogs, "show_fatal", lambda title, text: shown.append(text))
+    assert run_app(blocker / "data", None) == 1
+    assert shown == [f"Its data folder {blocker / 'data'} cannot be written: Not a directory.\n\nMake it writable, or "
+                     "choose another with --data-dir or the SEQMOE_CHAT_DATA_DIR environment variable."]
