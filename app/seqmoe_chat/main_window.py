@@ -181,6 +181,7 @@ class MainWindow(QMainWindow):
         self.model_bar.sig_unload_requested.connect(self.client.unload)
         self.model_bar.sig_load_cancel_requested.connect(self.client.cancel_load)
         self.models.sig_library_changed.connect(self._on_library_changed)
+        self.models.sig_model_deleted.connect(self._on_model_deleted)
         self.models.sig_download_finished.connect(
             lambda entry: self.status.showMessage(f"{entry.repo_id} is downloaded; it is in the model list.", STATUS_MESSAGE_MS))
         worker.sig_load_progressed.connect(self._on_load_progressed)
@@ -394,6 +395,13 @@ class MainWindow(QMainWindow):
 
     def _on_library_changed(self, items: list) -> None:
         self.model_bar.set_library([(i.model.name, str(i.model.path)) for i in items if i.model.source != BUNDLED])
+
+    def _on_model_deleted(self, folder: str) -> None:
+        # Still listed, or opened at the next start, it would only fail to load.
+        self.settings.forget_model(folder)
+        chosen = self.model_bar.chosen_model()
+        self.model_bar.set_models(self.settings.recent_models, "" if chosen == folder else chosen)
+        self._save_settings()
 
     # Settings, theme, window state
 

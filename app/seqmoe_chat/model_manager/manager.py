@@ -23,6 +23,7 @@ class ModelManager(QObject):
     sig_calibration_changed = Signal(object)  # CalibrationStatus
     sig_library_changed = Signal(object)  # list[LibraryItem]
     sig_library_failed = Signal(str)
+    sig_model_deleted = Signal(str)  # the folder, whose files are gone
 
     def __init__(
         self,
@@ -97,6 +98,8 @@ class ModelManager(QObject):
         if self.calibration.busy and calibrating is not None and Path(calibrating.model).resolve() == folder:
             raise LibraryError(f"{item.model.name} is being calibrated; cancel that first")
         self.library.delete(item.model)
+        if not item.model.path.exists():  # an imported folder only leaves the list: its files stay
+            self.sig_model_deleted.emit(str(item.model.path))
         self.refresh_library()
 
     def import_folder(self, folder: Path, on_added: Callable[[LibraryModel], None],

@@ -116,6 +116,12 @@ class Settings:
             self.recent_models = [model] + [m for m in self.recent_models if m != model][: RECENT_MODELS - 1]
         self.model = model
 
+    def forget_model(self, model: str) -> None:
+        """``model``'s files are gone: it is no longer listed, nor opened at the start (the demo is)."""
+        self.recent_models = [m for m in self.recent_models if m != model]
+        if self.model == model:
+            self.model = ""
+
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Settings:
         """Settings from stored values of the current schema; a wrong or unknown value keeps its default."""

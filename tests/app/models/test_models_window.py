@@ -137,6 +137,24 @@ def test_an_imported_folder_is_said_added_or_why_not(qtbot, window, tiny_repo: P
     assert "not a Mixture-of-Experts" in library.message.text()
 
 
+def test_a_deleted_model_leaves_the_model_list_and_is_not_opened_at_the_next_start(
+    qtbot, make_window, data_dir: Path, tiny_repo: Path
+) -> None:
+    folder = str(shutil.copytree(tiny_repo, target_dir(data_dir, TINY)))
+    main = make_window()
+    main.load_model(folder)  # the fake engine loads any folder
+    qtbot.waitUntil(lambda: main.client.model is not None and main.settings.model == folder, timeout=10_000)
+    main.client.unload()
+    qtbot.waitUntil(lambda: main.client.model is None, timeout=10_000)
+    qtbot.waitUntil(lambda: any(str(i.model.path) == folder for i in main.models.items), timeout=30_000)
+    main.models.delete(next(i for i in main.models.items if str(i.model.path) == folder))
+    bar = main.model_bar
+    qtbot.waitUntil(lambda: folder not in [bar.models.itemData(i) for i in range(bar.models.count())], timeout=30_000)
+    assert main.settings.recent_models == [] and main.settings.model == "" and bar.chosen_model() == ""
+    main.close()
+    assert make_window().client.model.name == "seqmoe-demo"
+
+
 def test_calibration_shows_progress_and_its_result(qtbot, window, data_dir: Path, tiny_repo: Path) -> None:
     folder = shutil.copytree(tiny_repo, target_dir(data_dir, TINY))
     dialog = window(calibration=CalibrationRunner(command=[sys.executable, "-c", FAKE_CALIBRATE]))
