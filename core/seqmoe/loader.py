@@ -375,14 +375,25 @@ def load_model(model: str, device: str = "auto", dtype: str | None = None, on_pr
     method = quantization_method(config)
     options = {"quantization_config": DEQUANTIZED_ON_LOAD[method]()} if method is not None else {}
     try:
+        # Mismatched shapes are let through to be told below by name: transformers' own error
+        # only points at a report it logged, which an app's user never sees.
         hf_model, info = AutoModelForCausalLM.from_pretrained(
-            path, dtype=DTYPES[dtype] if dtype else "auto", trust_remote_code=False, output_loading_info=True, **options
+            path, dtype=DTYPES[dtype] if dtype else "auto", trust_remote_code=False, output_loading_info=True,
+            ignore_mismatched_sizes=True, **options
         )
     except (OSError, ValueError, RuntimeError, ImportError, SafetensorError) as error:
         raise ModelRefused(f"loading the weights of {path.name} failed: {_first_line(error)}") from None
     if info["missing_keys"]:
         missing = sorted(info["missing_keys"])
         raise ModelRefused(f"the checkpoint lacks {len(missing)} weights, e.g. {missing[0]}")
+    if info["mismatched_keys"]:
+        mismatched = sorted(info["mismatched_keys"], key=lambda entry: entry[0])
+        key, stored, expected = mismatched[0]
+        raise ModelRefused(
+            f"{len(mismatched)} weights of {path.name} do not have the shapes its config.json gives, e.g. "
+            f"{key}: {list(stored)} in the checkpoint, {list(expected)} from the config; the config was changed, "
+            "or the weights belong to another model"
+        )
     hf_model.eval()
     experts = find_experts(hf_model)
     progress("Keeping the experts in host memory", 0.7)

@@ -141,6 +141,16 @@ def test_missing_weights(capsys: pytest.CaptureFixture[str], mixtral_dir: Path, 
     assert_refused(capsys, folder, "no weight files")
 
 
+def test_weights_of_other_shapes_than_the_config_are_named(capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path) -> None:
+    # transformers' own error only pointed at a report it logged, which the app's user never sees.
+    folder = copy_model(mixtral_dir, tmp_path / "edited")
+    config = json.loads((folder / "config.json").read_text())
+    config["intermediate_size"] *= 2
+    (folder / "config.json").write_text(json.dumps(config))
+    assert_refused(capsys, folder, "weights of edited do not have the shapes its config.json gives", "in the checkpoint",
+                   "from the config")
+
+
 def test_missing_shard_of_an_index(capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path) -> None:
     folder = copy_model(mixtral_dir, tmp_path / "sharded")
     (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
