@@ -43,10 +43,6 @@ class LinearRouter:
     bias: nn.Parameter | None
     num_experts: int
 
-    @property
-    def device(self) -> torch.device:
-        return self.weight.device
-
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., num_experts]`` logits for ``hidden`` ``[..., hidden_size]``, in float32."""
         weight, bias = self._float_map
@@ -78,10 +74,6 @@ class NetworkRouter:
         output = _first_tensor(self.module.forward(hidden.reshape(1, -1, hidden.shape[-1]).to(self._weight)))
         return output.reshape(-1, self.rows)[:, : self.num_experts].float().reshape(*hidden.shape[:-1], self.num_experts)
 
-    @property
-    def device(self) -> torch.device:
-        return self._weight.device
-
     @cached_property
     def _weight(self) -> nn.Parameter:
         """A parameter, for the device and dtype the module's input needs; looked up once."""
@@ -98,12 +90,14 @@ class BlockChoice:
     experts: nn.Module
     dtype: torch.dtype
     """The block's activations' dtype (its shared experts take no other)."""
+    device: torch.device
+    """Where the block's own weights are (``LoadedModel.device``); its experts stay in host memory."""
 
     @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., num_experts]`` scores for ``hidden`` ``[..., hidden_size]``, in float32."""
         logits = self.router.logits(hidden)
-        chosen = _run_to_choice(self.block, self.experts, hidden.to(self.router.device, self.dtype))
+        chosen = _run_to_choice(self.block, self.experts, hidden.to(self.device, self.dtype))
         if chosen is None:  # the block skipped its experts for this input; its router is all there is
             return logits
         mask = torch.zeros_like(logits, dtype=torch.bool)
@@ -132,15 +126,15 @@ def choice_routers(loaded: LoadedModel) -> list[Router | BlockChoice]:
     states is not its logits' top-k (a plain router stays: it costs one matrix product)."""
     hidden = loaded.config.get_text_config().hidden_size
     dtype = loaded.model.get_input_embeddings().weight.dtype  # the hidden states' dtype, from the first layer on
-    probe = torch.randn(PROBE_TOKENS, hidden, generator=torch.Generator().manual_seed(0)).to(dtype)
+    probe = torch.randn(PROBE_TOKENS, hidden, generator=torch.Generator().manual_seed(0)).to(loaded.device, dtype)
     routers: list[Router | BlockChoice] = []
     for block, experts, router in zip(_blocks(loaded), loaded.experts, find_routers(loaded)):
         try:
-            chosen = _run_to_choice(block, experts, probe.to(router.device))
+            chosen = _run_to_choice(block, experts, probe)
         except Exception:  # a block that needs more than hidden states (ZAYA1's router state) keeps its router
             chosen = None
         if chosen is not None and not _same_sets(router.logits(probe), chosen.reshape(PROBE_TOKENS, -1)):
-            router = BlockChoice(router, block, experts, dtype)
+            router = BlockChoice(router, block, experts, dtype, loaded.device)
         routers.append(router)
     return routers
 
@@ -175,8 +169,8 @@ def chosen_experts(args: tuple, kwargs: dict) -> torch.Tensor:
 def _run_to_choice(block: nn.Module, experts: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
     """The experts ``block`` chooses for ``hidden`` ``[..., hidden_size]``: its forward runs until
     it calls ``experts``, which never run. ``None``: the block returned without calling them.
-    ``hidden`` is on the router's device; the block's first parameter may be an expert's, which
-    stays in host memory."""
+    ``hidden`` is on the device of the block's own weights; its first parameter may be an
+    expert's, which stays in host memory."""
 
     def stop(module: nn.Module, args: tuple, kwargs: dict) -> None:
         raise _Chosen(chosen_experts(args, kwargs))
