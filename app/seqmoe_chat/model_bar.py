@@ -65,12 +65,7 @@ class ModelBar(QWidget):
                 self.models.addItem(label, model)
                 self.models.setItemData(self.models.count() - 1, model, Qt.ItemDataRole.ToolTipRole)
         self.models.addItem("Other folder…", _OTHER)
-        index = self.models.findData(current)
-        if index < 0:
-            self.models.insertItem(1, Path(current).name or current, current)
-            index = 1
-        self.models.setCurrentIndex(index)
-        self._previous_index = index
+        self._choose(current)
 
     def set_library(self, models: list[tuple[str, str]]) -> None:
         """The library's models (label, folder), listed after the recent ones; the choice stays."""
@@ -110,10 +105,14 @@ class ModelBar(QWidget):
         if not folder:
             self.models.setCurrentIndex(self._previous_index)
             return
-        index = self.models.findData(folder)
-        if index < 0:  # a folder listed already is chosen again, not listed twice
-            self.models.insertItem(1, Path(folder).name, folder)
+        self._choose(folder)
+        self.sig_load_requested.emit(folder)
+
+    def _choose(self, model: str) -> None:
+        """Select ``model``; one not listed yet is listed first after the demo (never twice)."""
+        index = self.models.findData(model)
+        if index < 0:
+            self.models.insertItem(1, Path(model).name or model, model)
             index = 1
         self.models.setCurrentIndex(index)
         self._previous_index = index
-        self.sig_load_requested.emit(folder)
