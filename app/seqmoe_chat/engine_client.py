@@ -33,7 +33,7 @@ class EngineClient(QObject):
         self.loading_id: int | None = None
         # Connected before anyone else, so this state is current when other receivers run.
         self.worker.sig_model_loaded.connect(self._on_loaded)
-        self.worker.sig_load_failed.connect(self._on_load_ended)
+        self.worker.sig_load_failed.connect(self._on_load_failed)
         self.worker.sig_load_cancelled.connect(self._on_load_ended)
         self.worker.sig_model_unloaded.connect(self._on_unloaded)
         self.worker.sig_model_reconfigured.connect(self._on_reconfigured)
@@ -106,6 +106,11 @@ class EngineClient(QObject):
     def _on_load_ended(self, request_id: int) -> None:
         if request_id == self.loading_id:
             self.loading_id = None
+
+    @Slot(int, str, object)
+    def _on_load_failed(self, request_id: int, _reason: str, kept: ModelInfo | None) -> None:
+        if request_id == self.loading_id:
+            self.loading_id, self.model = None, kept
 
     @Slot(int, object)
     def _on_reconfigured(self, _request_id: int, info: ModelInfo) -> None:

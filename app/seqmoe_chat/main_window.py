@@ -88,6 +88,7 @@ class MainWindow(QMainWindow):
         self._load_id: int | None = None
         self._speed_from: tuple[int, float] | None = None  # tokens and time of the reply's first streamed text
         self._model = self.settings.model if model is None else model
+        self._loaded_model = ""  # as _model gave it, for the model loaded now
         self.model_bar.set_models(self.settings.recent_models, self._model)
         self._build_actions()
         self._build_menus()
@@ -356,15 +357,24 @@ class MainWindow(QMainWindow):
             self.status.show_model(info)
             # Only a model that loads is opened at the next start and listed: a folder that failed
             # would fail again at every start.
+            self._loaded_model = self._model
             self.settings.remember_model(self._model)
             self.model_bar.set_models(self.settings.recent_models, self.model_bar.chosen_model())
             self._save_settings()
 
-    def _on_load_failed(self, request_id: int, reason: str) -> None:
-        if request_id == self._load_id:
+    def _on_load_failed(self, request_id: int, reason: str, kept: ModelInfo | None) -> None:
+        if request_id != self._load_id:
+            return
+        if kept is None:
             self.model_bar.show_unloaded()
             self.status.show_model(None, "No model loaded")
             dialogs.show_error(self, "The model could not be loaded", reason)
+            return
+        self._model = self._loaded_model
+        self.model_bar.set_models(self.settings.recent_models, self._model)
+        self.model_bar.show_loaded(kept)
+        self.status.show_model(kept)
+        dialogs.show_error(self, "The model could not be loaded", f"{reason}\n\n{kept.name} is still loaded.")
 
     def _on_load_cancelled(self, request_id: int) -> None:
         if request_id == self._load_id:

@@ -64,7 +64,7 @@ def _chat_in_window(folder: Path, model: str | None) -> str:
     context = open_context(folder)
     window = MainWindow(context, model)
     failures: list[str] = []
-    context.client.worker.sig_load_failed.connect(lambda _id, reason: failures.append(reason))
+    context.client.worker.sig_load_failed.connect(lambda _id, reason, _kept: failures.append(reason))
     try:
         window.show()
         window.start()

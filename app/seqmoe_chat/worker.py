@@ -34,7 +34,9 @@ LOADING_SHARE = 0.95
 """The share of the load bar for loading the model; the rest: matching the emulated link, building the cache."""
 
 Progress = Callable[[str, float], None]
-EngineOpener = Callable[[str, EngineOptions, Progress], "Engine"]
+EngineOpener = Callable[[str, EngineOptions, Progress, Callable[[], None]], "Engine"]
+"""Opens (model, options, progress, release): ``release`` is called once the model passed the
+checks that take no memory, for the model loaded before to let go of it."""
 Messages = list[dict[str, str]]
 
 
@@ -73,8 +75,9 @@ class LoadCancelled(Exception):
     """Raised from the loader's progress callback to abandon a load."""
 
 
-def open_engine(model: str, options: EngineOptions, on_progress: Progress) -> Engine:
-    """Load ``model`` (empty: the bundled demo model) and build its expert cache."""
+def open_engine(model: str, options: EngineOptions, on_progress: Progress, release: Callable[[], None] | None = None) -> Engine:
+    """Load ``model`` (empty: the bundled demo model) and build its expert cache; ``release`` as the
+    loader's ``on_checked``."""
     import_engine()
     from seqmoe import Engine, load_model
     from seqmoe.resources import demo_model_dir
@@ -83,7 +86,7 @@ def open_engine(model: str, options: EngineOptions, on_progress: Progress) -> En
         if fraction < 1.0:  # the model is ready once its link is set and its cache built, below
             on_progress(stage, LOADING_SHARE * fraction)
 
-    loaded = load_model(model or str(demo_model_dir()), device=options.device, on_progress=loading)
+    loaded = load_model(model or str(demo_model_dir()), device=options.device, on_progress=loading, on_checked=release)
     engine = Engine(loaded, link_gbps=options.link_gbps, context_tokens=options.context_tokens)
     engine.horizon = options.horizon
     try:
@@ -176,7 +179,7 @@ def describe_error(error: BaseException) -> str:
 class EngineWorker(QObject):
     sig_load_progressed = Signal(int, str, float)  # request id, stage, fraction
     sig_model_loaded = Signal(int, object)  # request id, ModelInfo
-    sig_load_failed = Signal(int, str)  # request id, reason
+    sig_load_failed = Signal(int, str, object)  # request id, reason, ModelInfo of the model still loaded, or None
     sig_load_cancelled = Signal(int)
     sig_model_unloaded = Signal()
     sig_reply_streamed = Signal(int, str, int)  # request id, text so far, tokens so far
@@ -228,10 +231,12 @@ class EngineWorker(QObject):
 
     @Slot(int, str, object)
     def load(self, request_id: int, model: str, options: EngineOptions) -> None:
-        # The model loaded before goes even if this load was given up before it started: the app let it
-        # go when asking for this one, and its memory is wanted back.
-        self._close()
+        """Replace the loaded model by ``model``. One refused by the checks that take no memory
+        (no such folder, not an MoE, remote code) leaves the model loaded before as it was, and
+        ``sig_load_failed`` says it stayed; after those checks it goes, to give its memory back.
+        A load given up lets it go too: the app let it go when asking for this one."""
         if self._cancelled(request_id):
+            self._close()
             self.sig_load_cancelled.emit(request_id)
             return
 
@@ -241,14 +246,17 @@ class EngineWorker(QObject):
             self.sig_load_progressed.emit(request_id, stage, fraction)
 
         try:
-            engine = self._open(model, options, progress)
+            engine = self._open(model, options, progress, self._close)
         except LoadCancelled:
+            self._close()
             self.sig_load_cancelled.emit(request_id)
             return
         except Exception as error:  # the app must survive any failure to load
             if not _is_engine_error(error):
                 log.exception("loading %s failed", model or "the demo model")
-            self.sig_load_failed.emit(request_id, describe_error(error))
+            if self._engine is not None:  # refused by its checks: the model loaded before stays, as it is now
+                self._info = model_info(self._engine)
+            self.sig_load_failed.emit(request_id, describe_error(error), self._info)
             return
         if self._cancelled(request_id):
             engine.close()

@@ -266,24 +266,34 @@ def weights_bytes(skeleton: nn.Module, files: list[Path], dtype: str | None) -> 
     return sum(file.stat().st_size for file in files)
 
 
-def check_host_memory(name: str, need: int, dtype: str | None) -> None:
-    """Refuse weights larger than this computer's RAM, or than the memory free now, before reading
-    them: every weight is loaded into host memory and the experts stay there (a share of them fits
-    in VRAM); a load past the free memory and swap ends with the system killing the process."""
-    memory = psutil.virtual_memory()
-    weights = f"{name}'s weights take {need / 2**30:.1f} GiB"
-    smaller = " (or a smaller dtype than float32)" if dtype == "float32" else ""
-    if need > memory.total:
+def check_ram_size(name: str, need: int, dtype: str | None) -> None:
+    """Refuse weights larger than this computer's RAM: every weight is loaded into host memory and
+    the experts stay there (a share of them fits in VRAM)."""
+    total = psutil.virtual_memory().total
+    if need > total:
+        weights, smaller = _weights_and_remedy(name, need, dtype)
         raise ModelRefused(
-            f"{weights} and this computer has {memory.total / 2**30:.1f} GiB of RAM; "
+            f"{weights} and this computer has {total / 2**30:.1f} GiB of RAM; "
             f"seqmoe keeps every expert in RAM, so choose a smaller model{smaller}"
         )
+
+
+def check_free_memory(name: str, need: int, dtype: str | None) -> None:
+    """Refuse weights larger than the memory free now, before reading them: a load past the free
+    memory and swap ends with the system killing the process."""
+    memory = psutil.virtual_memory()
     free = memory.available + psutil.swap_memory().free
     if need > free:
+        weights, smaller = _weights_and_remedy(name, need, dtype)
         raise ModelRefused(
             f"{weights} and {free / 2**30:.1f} GiB of RAM and swap is free now "
             f"(of {memory.total / 2**30:.1f} GiB of RAM); close other programs, or choose a smaller model{smaller}"
         )
+
+
+def _weights_and_remedy(name: str, need: int, dtype: str | None) -> tuple[str, str]:
+    smaller = " (or a smaller dtype than float32)" if dtype == "float32" else ""
+    return f"{name}'s weights take {need / 2**30:.1f} GiB", smaller
 
 
 def _check_safetensors_size(file: Path) -> None:
@@ -356,8 +366,19 @@ Progress = Callable[[str, float], None]
 """Told (stage, fraction done) between loading stages; it may raise to cancel the load."""
 
 
-def load_model(model: str, device: str = "auto", dtype: str | None = None, on_progress: Progress | None = None) -> LoadedModel:
-    """Open ``model`` with its experts in host memory and everything else on ``device``."""
+def load_model(
+    model: str,
+    device: str = "auto",
+    dtype: str | None = None,
+    on_progress: Progress | None = None,
+    on_checked: Callable[[], None] | None = None,
+) -> LoadedModel:
+    """Open ``model`` with its experts in host memory and everything else on ``device``.
+
+    ``on_checked`` is called once the checks that take no memory have passed (files, config,
+    architecture, tokenizer), before free memory is measured and any weight is read: a caller
+    holding another model lets it go there, so that a model refused by those checks leaves the
+    other one loaded, and a model that loads finds the memory free."""
     progress = on_progress or (lambda stage, fraction: None)
     target = pick_device(device)
     if dtype is not None and dtype not in DTYPES:
@@ -367,10 +388,15 @@ def load_model(model: str, device: str = "auto", dtype: str | None = None, on_pr
     progress("Checking the model", 0.05)
     config = read_config(path)
     skeleton = check_supported(config)
-    check_host_memory(path.name, weights_bytes(skeleton, check_weights(path), dtype), dtype)
+    files = check_weights(path)
+    top_k = top_k_of(config)
     progress("Loading the tokenizer", 0.1)
     tokenizer = load_tokenizer(path)
-    top_k = top_k_of(config)
+    need = weights_bytes(skeleton, files, dtype)
+    check_ram_size(path.name, need, dtype)
+    if on_checked is not None:
+        on_checked()
+    check_free_memory(path.name, need, dtype)
     progress("Loading the weights", 0.15)
     method = quantization_method(config)
     options = {"quantization_config": DEQUANTIZED_ON_LOAD[method]()} if method is not None else {}

@@ -69,18 +69,22 @@ class FakeBackend:
     fail_after: int | None = None  # tokens before generation raises
     failure: BaseException = field(default_factory=lambda: RuntimeError("the fake engine broke"))
     load_delay_s: float = 0.0  # per loading stage
-    refuse: set[str] = field(default_factory=lambda: {"broken"})
+    refuse: set[str] = field(default_factory=lambda: {"broken"})  # refused by the checks: the model loaded stays
+    fail_late: set[str] = field(default_factory=lambda: {"too-big"})  # fail after the model loaded went
     prompts: list[list[dict[str, str]]] = field(default_factory=list)
     samplings: list[Any] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)  # perf_counter() of every token produced
     engines: list[FakeEngine] = field(default_factory=list)
 
-    def open(self, model: str, options: EngineOptions, on_progress) -> FakeEngine:
+    def open(self, model: str, options: EngineOptions, on_progress, release) -> FakeEngine:
         for fraction, stage in ((0.0, "Finding the model"), (0.5, "Loading the weights"), (1.0, "Ready")):
             time.sleep(self.load_delay_s)
             on_progress(stage, fraction)
         if model in self.refuse:
             raise ModelRefused(f"{model} is not a Mixture-of-Experts model")
+        release()
+        if model in self.fail_late:
+            raise ModelRefused(f"{model}'s weights do not fit in RAM")
         engine = FakeEngine(self, model or "seqmoe-demo")
         engine.link_setup = options.link_setup  # as if matched (no timing runs: the fake has no decode to time)
         self.engines.append(engine)

@@ -285,6 +285,27 @@ def test_only_a_model_that_loaded_is_opened_at_the_next_start_and_listed(qtbot, 
     assert "broken" not in [bar.itemData(i) for i in range(bar.count())]
 
 
+def test_a_model_refused_by_its_checks_leaves_the_model_before_loaded_and_chosen(qtbot, window, backend) -> None:
+    window.load_model("/models/other-moe")
+    qtbot.waitUntil(lambda: model_shown(window) and window.client.model.path == "/models/other-moe", timeout=5000)
+    window.load_model("broken")
+    qtbot.waitUntil(lambda: window.findChild(QMessageBox, "errorMessage") is not None, timeout=5000)
+    box = window.findChild(QMessageBox, "errorMessage")
+    assert "broken is not a Mixture-of-Experts model" in box.text() and "other-moe is still loaded" in box.text()
+    box.accept()
+    assert window.client.model.path == "/models/other-moe" and window.status.model.text() == "other-moe"
+    assert window.model_bar.chosen_model() == "/models/other-moe" and window.model_bar.unload_button.isEnabled()
+    send(qtbot, window, "Still there?")
+    wait_idle(qtbot, window)
+    assert stored(window)[-1][2] == DONE and len(backend.engines) == 2  # no load in between
+    window.load_model("too-big")  # fails once the model before went: none is left
+    qtbot.waitUntil(lambda: window.findChild(QMessageBox, "errorMessage") is not None, timeout=5000)
+    box = window.findChild(QMessageBox, "errorMessage")
+    assert "still loaded" not in box.text()
+    box.accept()
+    assert window.client.model is None and window.status.model.text() == "No model loaded"
+
+
 def test_a_model_loaded_while_a_reply_streams_waits_for_it_and_says_so(qtbot, window, backend) -> None:
     backend.token_delay_s, backend.repeat = 0.02, 8
     send(qtbot, window, "Hello there")

@@ -163,10 +163,14 @@ def test_a_resize_right_after_a_reply_is_not_painted_over_by_that_replys_last_sn
     assert cells["ready"] == 1 and cells["not cached"] == 23 and panel.model.counters.hits == 1
 
 
-def test_a_load_that_fails_leaves_the_panel_without_a_model(qtbot, window) -> None:
+def test_a_load_refused_keeps_the_panel_on_the_model_kept_and_one_that_failed_later_leaves_none(qtbot, window) -> None:
     panel = window.panel
-    assert panel.info is not None
-    window.load_model("broken")  # the fake engine refuses it
+    shown = panel.info
+    assert shown is not None
+    window.load_model("broken")  # refused by its checks: the model loaded stays
+    qtbot.waitUntil(lambda: not window.client.busy_loading, timeout=10_000)
+    assert panel.info is not None and panel.info.path == shown.path and panel.model is not None
+    window.load_model("too-big")  # fails once the model loaded went
     qtbot.waitUntil(lambda: panel.info is None and panel.model is None, timeout=10_000)
 
 

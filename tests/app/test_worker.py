@@ -108,14 +108,34 @@ def test_a_model_that_cannot_be_loaded_says_why(worker: EngineWorker, tmp_path: 
     recorder = Recorder(worker)
     (tmp_path / "not-a-model").mkdir()
     worker.load(1, str(tmp_path / "not-a-model"), EngineOptions())
-    ((_, reason),) = recorder.of("sig_load_failed")
+    ((_, reason, _kept),) = recorder.of("sig_load_failed")
     assert "config.json" in reason and "unexpectedly" not in reason
+
+
+def test_a_model_refused_by_its_checks_leaves_the_model_loaded_before_working(
+    worker: EngineWorker, tiny_model: Path, tmp_path: Path
+) -> None:
+    recorder = Recorder(worker)
+    worker.load(1, str(tiny_model), EngineOptions(cache_ratio=0.5))
+    worker.generate(2, [{"role": "user", "content": "Hi!"}], GREEDY)
+    (tmp_path / "not-a-model").mkdir()
+    worker.load(3, str(tmp_path / "not-a-model"), EngineOptions())
+    ((_, reason, kept),) = recorder.of("sig_load_failed")
+    assert "config.json" in reason and kept.name == "tiny-qwen3-moe" and kept.cache_slots == recorder.of("sig_model_loaded")[0][1].cache_slots
+    worker.generate(4, [{"role": "user", "content": "Hi!"}], GREEDY)
+    first, again = recorder.of("sig_reply_finished")
+    assert again[1].text == first[1].text and not recorder.of("sig_reply_needs_model")
+    # Refused once its memory was wanted (the cache cannot be built): the model before is gone.
+    worker.load(5, str(tiny_model), EngineOptions(cache_ratio=0.01))
+    assert recorder.of("sig_load_failed")[-1][2] is None
+    worker.generate(6, [{"role": "user", "content": "Hi!"}], GREEDY)
+    assert recorder.of("sig_reply_needs_model") == [(6,)]
 
 
 def test_too_small_a_cache_is_refused_with_the_engines_message(worker: EngineWorker, tiny_model: Path) -> None:
     recorder = Recorder(worker)
     worker.load(1, str(tiny_model), EngineOptions(cache_ratio=0.01))
-    ((_, reason),) = recorder.of("sig_load_failed")
+    ((_, reason, _kept),) = recorder.of("sig_load_failed")
     assert "cache" in reason.lower() and "unexpectedly" not in reason
 
 

@@ -379,3 +379,27 @@ def test_weights_larger_than_the_ram_or_the_free_memory_are_refused_before_loadi
     assert load_model(str(mixtral_dir), device="cpu", dtype="bfloat16").host.layout.dtype == torch.bfloat16
     memory(total=files * 4, available=files // 2, swap=files)
     assert load_model(str(mixtral_dir), device="cpu").host.layout.dtype == torch.float32
+
+
+def test_the_caller_is_told_to_let_go_of_its_model_only_once_the_checks_that_take_no_memory_passed(
+    mixtral_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    released: list[str] = []
+
+    def load(folder: Path) -> None:
+        load_model(str(folder), device="cpu", on_checked=lambda: released.append(folder.name))
+
+    (tmp_path / "empty").mkdir()
+    for refused in (tmp_path / "empty", tmp_path / "missing", mixtral_dir):
+        with monkeypatch.context() as small:
+            if refused is mixtral_dir:  # larger than all the RAM there is: refused before, too
+                small.setattr(seqmoe.loader.psutil, "virtual_memory", lambda: SimpleNamespace(total=1, available=1))
+            with pytest.raises(ModelRefused):
+                load(refused)
+    assert released == []
+    # Free memory is measured after the caller let go of its model: it is what the load can have.
+    monkeypatch.setattr(seqmoe.loader.psutil, "virtual_memory", lambda: SimpleNamespace(total=2**40, available=1))
+    monkeypatch.setattr(seqmoe.loader.psutil, "swap_memory", lambda: SimpleNamespace(free=0))
+    with pytest.raises(ModelRefused, match="free now"):
+        load(mixtral_dir)
+    assert released == [mixtral_dir.name]

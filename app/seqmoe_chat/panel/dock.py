@@ -99,8 +99,9 @@ class TelemetryDock(QDockWidget):
         worker.sig_model_reconfigured.connect(self._on_model_changed)
         worker.sig_reconfigure_failed.connect(self._on_reconfigure_failed)
         worker.sig_model_unloaded.connect(self._on_model_unloaded)
-        # As the window and the client see it: a load that failed or was given up leaves no model.
-        worker.sig_load_failed.connect(self._on_model_unloaded)
+        # As the window and the client see it: a load given up leaves no model, one that failed the
+        # model it kept, if any.
+        worker.sig_load_failed.connect(self._on_load_failed)
         worker.sig_load_cancelled.connect(self._on_model_unloaded)
 
     def set_rate(self, hz: int) -> None:
@@ -241,6 +242,10 @@ class TelemetryDock(QDockWidget):
     @Slot(int, str, object)
     def _on_reconfigure_failed(self, _request_id: int, _reason: str, info: ModelInfo) -> None:
         self.set_model(info)
+
+    @Slot(int, str, object)
+    def _on_load_failed(self, _request_id: int, _reason: str, kept: ModelInfo | None) -> None:
+        self.set_model(kept)
 
     @Slot()
     def _on_model_unloaded(self) -> None:
