@@ -38,6 +38,7 @@ from transformers.models.auto.modeling_auto import (
 from .errors import ModelRefused
 from .hub_files import IN_A_FOLDER, INDEX_FILE, SMALL_PATTERNS, WEIGHT_PATTERN, index_shards
 from .layer_configs import largest_int
+from .pinned import CudaHostRegistry, PinnedBuffers
 from .store import HostStore, expert_parameters
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -428,7 +429,7 @@ def load_model(
         progress(f"Keeping the experts in host memory (layer {done} of {len(experts)})", 0.7 + 0.15 * done / len(experts))
 
     try:
-        host = HostStore(experts, pin=target.type == "cuda", on_layer=layer_kept)
+        host = HostStore(experts, PinnedBuffers(CudaHostRegistry()) if target.type == "cuda" else None, on_layer=layer_kept)
     except ValueError as error:
         raise ModelRefused(f"{type(hf_model).__name__}: {error}; seqmoe needs one expert shape") from None
     except RuntimeError as error:  # pinning: the driver could not lock that much host memory

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .compression import UNPACK_WORKSPACE, WORTH_PACKING, PackedExpert, RawExpert, pack, packable, packed_size
+from .pinned import PinnedBuffers
 from .transfer import CopyJob, ExpertKey, JobState
 
 _ALIGNMENT = 16
@@ -88,9 +89,11 @@ class HostStore:
     are ever computed with.
     """
 
-    def __init__(self, modules: list[nn.Module], pin: bool, on_layer: Callable[[int], None] | None = None) -> None:
-        """``on_layer`` is told how many layers are kept after each (it may raise to stop)."""
+    def __init__(self, modules: list[nn.Module], pinned: PinnedBuffers | None, on_layer: Callable[[int], None] | None = None) -> None:
+        """``pinned``: where to keep the experts page-locked (for copies to a CUDA device), if
+        anywhere; ``on_layer`` is told how many layers are kept after each (it may raise to stop)."""
         self.layout = ExpertLayout.of(modules[0])
+        self._pinned = pinned  # the store's buffers stay page-locked as long as the store lives
         self.packed = False
         """Whether any layer is kept packed."""
         self._experts: list[list[PackedExpert | RawExpert]] = []
@@ -98,15 +101,14 @@ class HostStore:
             if ExpertLayout.of(module) != self.layout:
                 raise ValueError("MoE layers with different expert shapes")
             params = [expert_parameters(module)[name] for name in self.layout.names]
-            layer = self._pack_layer([param.data for param in params], pin) if packable(self.layout.dtype) else None
+            layer = self._pack_layer([param.data for param in params], pinned) if packable(self.layout.dtype) else None
             if layer is not None:
                 self.packed = True
                 for param in params:
                     param.data = torch.zeros((), dtype=param.dtype).expand(param.shape)
             else:
                 for param in params:
-                    tensor = param.data.to("cpu").contiguous()
-                    param.data = tensor.pin_memory() if pin else tensor
+                    param.data = pinned.copy(param.data) if pinned is not None else param.data.to("cpu").contiguous()
                 layer = [RawExpert(tuple(param.data[expert] for param in params)) for expert in range(self.layout.num_experts)]
             self._experts.append(layer)
             if on_layer is not None:
@@ -114,19 +116,19 @@ class HostStore:
         self.bytes_per_copy = sum(e.nbytes for layer in self._experts for e in layer) / self.total_experts
         """Bytes one expert's copy moves over the link, on average (its slot takes ``layout.bytes_per_expert``)."""
 
-    def _pack_layer(self, tensors: list[torch.Tensor], pin: bool) -> list[PackedExpert] | None:
+    def _pack_layer(self, tensors: list[torch.Tensor], pinned: PinnedBuffers | None) -> list[PackedExpert] | None:
         """The layer's experts packed into one (pinned) buffer, a row each, and one for the weights
         they keep whole; ``None`` if they pack to more than ``WORTH_PACKING`` of their bytes.
         Packed straight into the rows: a buffer per expert, freed once copied, left host memory
         fragmented (0.4 GiB of a 1.5 GiB model held after loading)."""
         experts = self.layout.num_experts
-        rows = torch.empty((experts, packed_size([_numel(shape) for shape in self.layout.shapes])), dtype=torch.uint8)
-        rows = rows.pin_memory() if pin else rows
+        row = packed_size([_numel(shape) for shape in self.layout.shapes])
+        rows = (pinned.empty(experts * row) if pinned is not None else torch.empty(experts * row, dtype=torch.uint8)).view(experts, row)
         packed = [pack([tensor[expert] for tensor in tensors], rows[expert]) for expert in range(experts)]
         if sum(e.nbytes for e in packed) > WORTH_PACKING * self.layout.bytes_per_expert * experts:
             return None
         blob = torch.cat([expert.escapes for expert in packed])
-        blob = blob.pin_memory() if pin else blob
+        blob = pinned.copy(blob) if pinned is not None else blob
         ends = np.cumsum([expert.escapes.numel() for expert in packed]).tolist()
         return [
             PackedExpert(expert.data, blob[end - expert.escapes.numel() : end], expert.segments)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +15,7 @@ from seqmoe.budget import FREE_MEMORY_MARGIN, CacheGeometry
 from seqmoe.cache import ExpertCache
 from seqmoe.errors import BudgetTooSmall
 from seqmoe.events import EventBus, ExpertEvicted, LayerRouted
+from seqmoe.pinned import PAGE, PinnedBuffers
 from seqmoe.policies import LRUPolicy
 from seqmoe.store import ExpertLayout, HostStore, SlotPool
 from seqmoe.transfer import EmulatedCopier
@@ -29,54 +32,76 @@ class FakeExperts(nn.Module):
 
 @pytest.fixture
 def cache() -> ExpertCache:
-    host = HostStore([FakeExperts(layer) for layer in range(3)], pin=False)
+    host = HostStore([FakeExperts(layer) for layer in range(3)], pinned=None)
     copier = EmulatedCopier(gbytes_per_s=100.0, latency_s=0.0)
     yield ExpertCache(host, size=3, device=torch.device("cpu"), copier=copier, policy=LRUPolicy(3, 4), events=EventBus())
     copier.close()
 
 
-def test_pinned_copies_replace_each_layers_loaded_weights_before_the_next_layer_is_copied(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+class Registry:
+    """The driver's registry of page-locked memory, as ranges (address, bytes): pinning needs
+    CUDA, so the store's registrations are checked here instead."""
+
+    def __init__(self, on_register: Callable[[], None] = lambda: None) -> None:
+        self.ranges: dict[int, int] = {}
+        self._on_register = on_register
+
+    def register(self, address: int, nbytes: int) -> None:
+        assert address % PAGE == 0 and nbytes % PAGE == 0  # whole pages, none shared with another range
+        assert all(address + nbytes <= start or start + size <= address for start, size in self.ranges.items())
+        self._on_register()
+        self.ranges[address] = nbytes
+
+    def unregister(self, address: int) -> None:
+        del self.ranges[address]
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        first, end = tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size()
+        return any(start <= first and end <= start + size for start, size in self.ranges.items())
+
+
+def test_pinned_copies_replace_each_layers_loaded_weights_before_the_next_layer_is_copied() -> None:
     """Else host memory holds a pinned copy of every expert beside the loaded model while the
-    store is built (emulated: pinning needs CUDA, so a copy stands for it)."""
+    store is built."""
     modules = [FakeExperts(layer) for layer in range(3)]
-    pinned: list[torch.Tensor] = []
     earlier_adopted: list[bool] = []
-
-    def pin(tensor: torch.Tensor) -> torch.Tensor:
-        held = {p.data_ptr() for module in modules for p in module.parameters()}
-        earlier_adopted.append(all(copy.data_ptr() in held for copy in pinned))
-        pinned.append(tensor.clone())
-        return pinned[-1]
-
-    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
-    host = HostStore(modules, pin=True)
-    assert len(pinned) == 6 and all(earlier_adopted)
+    registry = Registry(lambda: earlier_adopted.append(
+        all(registry.holds(p.data) for module in modules[: len(registry.ranges) // 2] for p in module.parameters())))
+    host = HostStore(modules, PinnedBuffers(registry))
+    assert len(registry.ranges) == 6 and all(earlier_adopted)
     for index, module in enumerate(modules):
         gate_up, down = host.expert((index, 0)).tensors
         assert (module.gate_up_proj.data_ptr(), module.down_proj.data_ptr()) == (gate_up.data_ptr(), down.data_ptr())
+        assert registry.holds(module.gate_up_proj.data) and registry.holds(module.down_proj.data)
     assert host.expert((2, 3)).tensors[0][0, 0].item() == 203.0
 
 
-def test_bfloat16_experts_are_kept_packed_and_given_back_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bfloat16_experts_are_kept_packed_page_locked_as_they_are_and_given_back_bit_for_bit() -> None:
     torch.manual_seed(0)
-    modules = [FakeExperts(layer, experts=4, shape=(64, 48)) for layer in range(3)]
+    modules = [FakeExperts(layer, experts=5, shape=(640, 48)) for layer in range(3)]
     for module in modules:
         for param in module.parameters():
             param.data = (torch.randn(param.shape) * 0.02).to(torch.bfloat16)
     weights = [{name: param.data.clone() for name, param in module.named_parameters()} for module in modules]
-    pinned: list[torch.Tensor] = []
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor: pinned.append(tensor.clone()) or pinned[-1])
-    host = HostStore(modules, pin=True)
-    assert host.packed and len(pinned) == 6  # two pinned buffers a layer: the rows, and the weights kept whole
+    registry = Registry()
+    host = HostStore(modules, PinnedBuffers(registry))
+    assert host.packed and len(registry.ranges) == 6  # two buffers a layer: the rows, and the weights kept whole
     assert 0.74 < host.bytes_per_copy / host.layout.bytes_per_expert < 0.78  # 12 bits a weight, and a few kept whole
+    experts = [host.expert((layer, expert)) for layer in range(3) for expert in range(5)]
+    assert all(registry.holds(tensor) for expert in experts for tensor in (expert.data, expert.escapes) if tensor.numel())
+    # Locked as they are, in whole pages; PyTorch's pinned allocator rounds each buffer up to a
+    # power of two, which can take twice the memory.
+    kept = sum(expert.nbytes for expert in experts)
+    assert sum(registry.ranges.values()) < kept + 6 * PAGE
     for module, kept in zip(modules, weights):
         # The loaded weights are gone: the parameters keep their shape over no memory.
         assert all(param.shape == kept[name].shape and param.stride()[0] == 0 for name, param in module.named_parameters())
     for layer in range(3):
         unpacked = host.layer_on(layer, torch.device("cpu"))
         assert all(torch.equal(unpacked[name].view(torch.int16), weights[layer][name].view(torch.int16)) for name in unpacked)
+    del host, experts
+    gc.collect()
+    assert registry.ranges == {}  # unlocked with the store, before its memory is freed
 
 
 def test_acquired_slots_hold_the_right_weights(cache: ExpertCache) -> None:

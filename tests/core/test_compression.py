@@ -55,7 +55,7 @@ def test_experts_that_do_not_pack_well_are_kept_as_they_are() -> None:
     """Random bit patterns have no crowded exponents: packing would cost more than it saves."""
     noise = torch.randint(-(2**15), 2**15, (4, 32, 32), dtype=torch.int16).view(torch.bfloat16)
     modules = [Experts(noise.clone()), Experts(noise.clone())]
-    host = HostStore(modules, pin=False)
+    host = HostStore(modules, pinned=None)
     assert not host.packed and host.bytes_per_copy == host.layout.bytes_per_expert
     assert same_bits(host.expert((1, 2)).tensors[0], noise[2])
     assert modules[1].gate_up_proj.data_ptr() == host.expert((1, 0)).tensors[0].data_ptr()  # no second copy
@@ -67,7 +67,7 @@ def test_a_layer_that_does_not_pack_well_is_kept_as_it_is_beside_packed_ones() -
     dense = (torch.randn(4, 32, 32) * 0.02).to(torch.bfloat16)
     sparse = dense.clone()
     sparse[:, :, 8:] = 0
-    host = HostStore([Experts(dense.clone()), Experts(sparse.clone())], pin=False)
+    host = HostStore([Experts(dense.clone()), Experts(sparse.clone())], pinned=None)
     assert host.packed and isinstance(host.expert((0, 1)), PackedExpert) and isinstance(host.expert((1, 1)), RawExpert)
     assert host.bytes_per_copy == (0.75 * 32 * 32 * 2 + 32 * 32 * 2) / 2  # one layer packed, one raw: no escapes
     for layer, weights in enumerate((dense, sparse)):
@@ -75,5 +75,5 @@ def test_a_layer_that_does_not_pack_well_is_kept_as_it_is_beside_packed_ones() -
 
 
 def test_other_dtypes_are_kept_as_they_are() -> None:
-    host = HostStore([Experts(torch.randn(4, 8, 8).half())], pin=False)
+    host = HostStore([Experts(torch.randn(4, 8, 8).half())], pinned=None)
     assert not host.packed and host.bytes_per_copy == 8 * 8 * 2

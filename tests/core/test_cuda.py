@@ -11,11 +11,31 @@ import torch
 
 from seqmoe import Engine, Sampling, load_model
 from seqmoe.compression import RawExpert
+from seqmoe.pinned import PAGE, CudaHostRegistry, PinnedBuffers
 from seqmoe.transfer import CopyJob, CudaCopier
 
 from .test_equivalence import PROMPT, reference_tokens
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU with a CUDA build of PyTorch")
+
+
+def test_host_memory_is_page_locked_at_its_size_copies_asynchronously_and_is_unlocked_with_its_owner() -> None:
+    buffers = PinnedBuffers(CudaHostRegistry())
+    size = 5 * 2**20 + 3  # PyTorch's pinned allocator would lock 8 MiB
+    source = buffers.copy(torch.arange(size, dtype=torch.uint8))
+    assert source.is_pinned()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        copied = source.to("cuda", non_blocking=True)
+    stream.synchronize()
+    assert torch.equal(copied.cpu(), torch.arange(size, dtype=torch.uint8))
+    address = source.data_ptr()
+    del buffers
+    assert not source.is_pinned()
+    # Unlocked: the same range can be locked again (the driver refuses a range locked twice).
+    registry = CudaHostRegistry()
+    registry.register(address, PAGE)
+    registry.unregister(address)
 
 
 def _one_at_a_time(count: int) -> tuple[CudaCopier, list[torch.Tensor], list[CopyJob]]:

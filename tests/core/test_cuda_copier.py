@@ -117,7 +117,7 @@ def test_a_cache_filled_before_the_first_prompt_leaves_its_first_layer_no_stall(
     copier = CudaCopier(CPU)
     prior = torch.full((3, 4), 0.1)
     prior[1, 2] = prior[2, 0] = 0.9
-    host = HostStore([FakeExperts(layer) for layer in range(3)], pin=False)
+    host = HostStore([FakeExperts(layer) for layer in range(3)], pinned=None)
     events = EventBus()
     heard: list[object] = []
     events.subscribe(heard.append)

@@ -204,7 +204,7 @@ def test_the_oracle_forecasts_the_next_four_tokens() -> None:
 
 
 def fake_host() -> HostStore:
-    return HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pin=False)
+    return HostStore([FakeExperts(layer, EXPERTS) for layer in range(LAYERS)], pinned=None)
 
 
 def unused_routers() -> list[torch.nn.Module]:
