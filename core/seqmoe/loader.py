@@ -9,6 +9,7 @@ the meta device. Remote code is never executed: a model that asks for it is refu
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 from collections.abc import Callable
@@ -235,8 +236,9 @@ def quantization_method(config: PretrainedConfig) -> str | None:
     return str(getattr(method, "value", method) or "unknown")
 
 
-def check_weights(path: Path) -> list[Path]:
-    """The safetensors files of the checkpoint, refused if any is missing or truncated."""
+def check_weights(path: Path, skeleton: nn.Module, config: PretrainedConfig) -> list[Path]:
+    """The safetensors files of the checkpoint, refused if any is missing or truncated, or holds a
+    weight of another size than ``skeleton`` (built from config.json) gives it."""
     index = path / INDEX_FILE
     if index.is_file():
         shards = sorted(index_shards(_json_or_empty(index)))
@@ -251,11 +253,38 @@ def check_weights(path: Path) -> list[Path]:
                 f"{path.name} has only pickle weights (.bin); seqmoe loads safetensors only, which cannot run code"
             )
         raise ModelRefused(f"no weight files (*.safetensors) in {path}")
+    stored: dict[str, list[int]] = {}
     for file in files:
         if not file.is_file():
             raise ModelRefused(f"weight file {file.name} is missing from {path}")
-        _check_safetensors_size(file)
+        stored.update(_read_safetensors_header(file))
+    if quantization_method(config) is None:  # quantized weights are stored under other names and sizes
+        _check_sizes(path.name, skeleton, stored)
     return files
+
+
+def _check_sizes(name: str, skeleton: nn.Module, stored: dict[str, list[int]]) -> None:
+    """Refuse, before any weight is read, stored weights of other sizes than the model's. Only the
+    names both use are compared, and only by element count: transformers renames, fuses and
+    reshapes some weights as it loads them (a Mixtral's per-expert weights, say), and what it
+    cannot match is named after loading (``mismatched_keys``)."""
+    params = skeleton.state_dict()
+    mismatched = [
+        (key, shape, list(params[key].shape))
+        for key, shape in sorted(stored.items())
+        if key in params and math.prod(shape) != params[key].numel()
+    ]
+    if mismatched:
+        raise _shapes_differ(name, mismatched)
+
+
+def _shapes_differ(name: str, mismatched: list[tuple[str, list[int], list[int]]]) -> ModelRefused:
+    key, stored, expected = mismatched[0]
+    return ModelRefused(
+        f"{len(mismatched)} weights of {name} do not have the shapes its config.json gives, e.g. "
+        f"{key}: {list(stored)} in the checkpoint, {list(expected)} from the config; the config was changed, "
+        "or the weights belong to another model"
+    )
 
 
 def weights_bytes(skeleton: nn.Module, files: list[Path], dtype: str | None) -> int:
@@ -297,7 +326,8 @@ def _weights_and_remedy(name: str, need: int, dtype: str | None) -> tuple[str, s
     return f"{name}'s weights take {need / 2**30:.1f} GiB", smaller
 
 
-def _check_safetensors_size(file: Path) -> None:
+def _read_safetensors_header(file: Path) -> dict[str, list[int]]:
+    """Each stored tensor's shape, refused if the file is truncated or its header corrupt."""
     size = file.stat().st_size
     with file.open("rb") as handle:
         head = handle.read(8)
@@ -308,13 +338,23 @@ def _check_safetensors_size(file: Path) -> None:
             raise ModelRefused(f"weight file {file.name} is truncated or not safetensors")
         try:
             header = json.loads(handle.read(header_len))
-            end = max((_data_end(t) for k, t in header.items() if k != "__metadata__"), default=0)
+            tensors = {key: entry for key, entry in header.items() if key != "__metadata__"}
+            end = max((_data_end(entry) for entry in tensors.values()), default=0)
+            shapes = {key: _shape(entry) for key, entry in tensors.items()}
         except (ValueError, AttributeError, KeyError, TypeError):  # JSON errors are ValueErrors
             raise ModelRefused(f"weight file {file.name} has a corrupt header") from None
     if 8 + header_len + end > size:
         raise ModelRefused(
             f"weight file {file.name} is truncated: {size} bytes, its header promises {8 + header_len + end}"
         )
+    return shapes
+
+
+def _shape(tensor: dict) -> list[int]:
+    shape = tensor["shape"]
+    if not isinstance(shape, list) or not all(isinstance(size, int) for size in shape):
+        raise TypeError("a shape that is no list of integers")
+    return shape
 
 
 def _data_end(tensor: dict) -> int:
@@ -363,6 +403,30 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+@dataclass(frozen=True)
+class CheckedModel:
+    """A model folder that passed every check made without reading a weight."""
+
+    path: Path
+    config: PretrainedConfig
+    skeleton: nn.Module
+    """The model built on the meta device (see ``check_supported``)."""
+    files: list[Path]
+    tokenizer: PreTrainedTokenizerBase
+    top_k: int
+
+
+def check_model(path: Path) -> CheckedModel:
+    """Check a model folder without reading a weight or taking memory: its config (no remote
+    code), that it is an MoE seqmoe can offload, its weight files (all there, whole, of the
+    sizes the config gives), its tokenizer."""
+    config = read_config(path)
+    skeleton = check_supported(config)
+    files = check_weights(path, skeleton, config)
+    top_k = top_k_of(config)
+    return CheckedModel(path, config, skeleton, files, load_tokenizer(path), top_k)
+
+
 Progress = Callable[[str, float], None]
 """Told (stage, fraction done) between loading stages; it may raise to cancel the load."""
 
@@ -387,19 +451,14 @@ def load_model(
     progress("Finding the model", 0.0)
     path = resolve(model)
     progress("Checking the model", 0.05)
-    config = read_config(path)
-    skeleton = check_supported(config)
-    files = check_weights(path)
-    top_k = top_k_of(config)
-    progress("Loading the tokenizer", 0.1)
-    tokenizer = load_tokenizer(path)
-    need = weights_bytes(skeleton, files, dtype)
+    checked = check_model(path)
+    need = weights_bytes(checked.skeleton, checked.files, dtype)
     check_ram_size(path.name, need, dtype)
     if on_checked is not None:
         on_checked()
     check_free_memory(path.name, need, dtype)
     progress("Loading the weights", 0.15)
-    method = quantization_method(config)
+    method = quantization_method(checked.config)
     options = {"quantization_config": DEQUANTIZED_ON_LOAD[method]()} if method is not None else {}
     try:
         # Mismatched shapes are let through to be told below by name: transformers' own error
@@ -414,13 +473,7 @@ def load_model(
         missing = sorted(info["missing_keys"])
         raise ModelRefused(f"the checkpoint lacks {len(missing)} weights, e.g. {missing[0]}")
     if info["mismatched_keys"]:
-        mismatched = sorted(info["mismatched_keys"], key=lambda entry: entry[0])
-        key, stored, expected = mismatched[0]
-        raise ModelRefused(
-            f"{len(mismatched)} weights of {path.name} do not have the shapes its config.json gives, e.g. "
-            f"{key}: {list(stored)} in the checkpoint, {list(expected)} from the config; the config was changed, "
-            "or the weights belong to another model"
-        )
+        raise _shapes_differ(path.name, sorted(info["mismatched_keys"], key=lambda entry: entry[0]))
     hf_model.eval()
     experts = find_experts(hf_model)
     progress("Keeping the experts in host memory", 0.7)
@@ -448,12 +501,12 @@ def load_model(
     return LoadedModel(
         path=path,
         model=hf_model,
-        tokenizer=tokenizer,
+        tokenizer=checked.tokenizer,
         experts=experts,
         host=host,
         base_implementation=hf_model.config._experts_implementation,
         device=target,
-        top_k=top_k,
+        top_k=checked.top_k,
     )
 
 

@@ -141,12 +141,20 @@ def test_missing_weights(capsys: pytest.CaptureFixture[str], mixtral_dir: Path, 
     assert_refused(capsys, folder, "no weight files")
 
 
-def test_weights_of_other_shapes_than_the_config_are_named(capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path) -> None:
+# The files keep Mixtral's per-expert weights (experts.0.w1, ...), which transformers fuses as it
+# loads them: a change of their size is found once loaded, the others before any weight is read.
+@pytest.mark.parametrize("key, before_reading", [("intermediate_size", False), ("hidden_size", True), ("vocab_size", True)])
+def test_weights_of_other_shapes_than_the_config_are_named(
+    capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    key: str, before_reading: bool,
+) -> None:
     # transformers' own error only pointed at a report it logged, which the app's user never sees.
     folder = copy_model(mixtral_dir, tmp_path / "edited")
     config = json.loads((folder / "config.json").read_text())
-    config["intermediate_size"] *= 2
+    config[key] *= 2
     (folder / "config.json").write_text(json.dumps(config))
+    if before_reading:
+        monkeypatch.setattr(seqmoe.loader.AutoModelForCausalLM, "from_pretrained", None)
     assert_refused(capsys, folder, "weights of edited do not have the shapes its config.json gives", "in the checkpoint",
                    "from the config")
 

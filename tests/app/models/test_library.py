@@ -63,6 +63,19 @@ def test_an_imported_folder_is_checked_listed_and_only_forgotten(data_dir: Path,
     assert not by_source(Library(data_dir), IMPORTED) and (tiny_repo / "config.json").is_file()
 
 
+def test_a_folder_whose_weights_are_not_the_sizes_its_config_gives_is_not_imported(
+    data_dir: Path, tiny_repo: Path, tmp_path: Path
+) -> None:
+    edited = tmp_path / "edited"
+    shutil.copytree(tiny_repo, edited)
+    config = json.loads((edited / "config.json").read_text())
+    config["hidden_size"] *= 2
+    (edited / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelRefused, match="do not have the shapes its config.json gives"):
+        Library(data_dir).import_folder(edited)
+    assert not by_source(Library(data_dir), IMPORTED)
+
+
 def test_an_import_or_a_forgetting_that_cannot_be_saved_changes_nothing(data_dir: Path, tiny_repo: Path, monkeypatch) -> None:
     from seqmoe_chat.models import library as library_module
 
