@@ -9,13 +9,16 @@ from __future__ import annotations
 import math
 
 from PySide6.QtCore import QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QPalette, QResizeEvent
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QPalette, QResizeEvent, QTextDocument
 from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser, QWidget
 
 from .code_highlight import highlight_code_blocks
 from .transcripts.fences import code_blocks, split_fences
 
 COPY_CODE_SCHEME = "copy-code"
+# HTML in a message is shown as the text it is: a model that explains <div> or <script> meant the
+# tags, and rendered they hid the text after them (or drew it 400 px tall).
+MARKDOWN_FEATURES = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
 
 
 class MarkdownView(QTextBrowser):
@@ -40,7 +43,7 @@ class MarkdownView(QTextBrowser):
 
     def set_markdown(self, text: str) -> None:
         self._text, self._markdown = text, True
-        self.document().setMarkdown(_with_copy_links(text))
+        self.document().setMarkdown(_with_copy_links(text), MARKDOWN_FEATURES)
         # Light text means a dark theme (the transparent background says nothing).
         dark = self.palette().color(QPalette.ColorRole.Text).lightness() > 128
         highlight_code_blocks(self.document(), dark=dark)
@@ -57,7 +60,10 @@ class MarkdownView(QTextBrowser):
 
     def _on_anchor(self, url: QUrl) -> None:
         if url.scheme() == COPY_CODE_SCHEME:
-            self.copy_code(int(url.path()))
+            # A message may hold a link of this scheme itself: only a code block's own is followed.
+            index = url.path()
+            if index.isdigit() and int(index) < len(code_blocks(self._text)):
+                self.copy_code(int(index))
         elif url.scheme() in ("http", "https", "mailto"):
             QDesktopServices.openUrl(url)
 

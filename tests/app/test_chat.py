@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QAbstractItemView, QApplication, QDialog, QLineEdit, QMessageBox
 
@@ -192,6 +192,25 @@ def test_copying_a_message_and_a_code_block(qtbot, window) -> None:
     with qtbot.waitSignal(reply.body.sig_code_copied):
         reply.body.anchorClicked.emit(reply.body.document().find("Copy code").charFormat().anchorHref())
     assert QGuiApplication.clipboard().text() == "print('hello')"
+
+
+def test_html_in_a_message_is_shown_as_the_text_it_is(qtbot) -> None:
+    view = MarkdownView()
+    qtbot.addWidget(view)
+    view.set_markdown('What does <div class="x"> do? And <br> or <span style="font-size:400px">big</span>?\n\nThat is **all**.')
+    assert view.toPlainText() == 'What does <div class="x"> do? And <br> or <span style="font-size:400px">big</span>?\nThat is all.'
+
+
+def test_a_copy_code_link_written_in_a_message_copies_nothing(qtbot) -> None:
+    view = MarkdownView()
+    qtbot.addWidget(view)
+    view.set_markdown("[one](copy-code:7) [two](copy-code:x)\n\n```\nreal\n```")
+    QGuiApplication.clipboard().setText("kept")
+    for link in ("copy-code:7", "copy-code:x", "copy-code:-1"):
+        view.anchorClicked.emit(QUrl(link))
+    assert QGuiApplication.clipboard().text() == "kept"
+    view.anchorClicked.emit(QUrl("copy-code:0"))
+    assert QGuiApplication.clipboard().text() == "real"
 
 
 def test_an_engine_failure_mid_reply_is_shown_and_the_worker_stays_ready(qtbot, window, backend) -> None:
