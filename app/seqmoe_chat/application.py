@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pyqtgraph.util.garbage_collector import GarbageCollector
-from PySide6.QtCore import QSize
+from PySide6.QtCore import QLockFile, QSize
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
@@ -21,11 +21,20 @@ from . import dialogs
 from .app_metadata import APP_ID, APP_TITLE, ICON_SIZES, app_version, icon_png
 from .engine_client import EngineClient
 from .paths import config_dir, data_dir
-from .store import DATABASE_NAME, ConversationStore, OpenedDatabase, Settings, SettingsStore, open_database
+from .store import (
+    DATABASE_NAME,
+    ConversationStore,
+    DatabaseUnavailable,
+    OpenedDatabase,
+    Settings,
+    SettingsStore,
+    open_database,
+)
 from .store.settings import SETTINGS_NAME
 from .worker import EngineOpener, open_engine
 
 LOG_NAME = "seqmoe-chat.log"
+INSTANCE_LOCK_NAME = "seqmoe-chat.lock"
 GC_INTERVAL_S = 1.0
 
 
@@ -104,7 +113,19 @@ def run_app(data_dir_override: Path | None, model: str | None) -> int:
         logging.basicConfig(
             filename=folder / LOG_NAME, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
+        # One app per data folder: a second one's start would end the first one's work (its
+        # undoable deletions purged, its streaming reply marked interrupted). Held until the app
+        # ends; Qt takes over a lock whose process is gone.
+        instance = QLockFile(str(folder / INSTANCE_LOCK_NAME))
+        if not instance.tryLock(0) and instance.error() == QLockFile.LockError.LockFailedError:
+            dialogs.show_fatal(f"{APP_TITLE} is already running",
+                               f"{APP_TITLE} is already running with the data folder {folder}; use its window.\n\n"
+                               "To run another, give it another folder with --data-dir.")
+            return 1
         context = open_context(folder)
+    except DatabaseUnavailable as error:
+        dialogs.show_fatal(f"{APP_TITLE} cannot start", str(error))
+        return 1
     except (OSError, sqlite3.Error) as error:
         # Started from a desktop entry, a traceback on stderr is seen by nobody.
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)

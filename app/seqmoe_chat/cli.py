@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .app_metadata import app_version
 from .paths import data_dir
-from .store import DATABASE_NAME, ConversationStore, open_database
+from .store import DATABASE_NAME, ConversationStore, DatabaseUnavailable, open_database
 from .transcripts.export import FORMAT_NAMES, write_export
 from .transcripts.json_format import TranscriptError, import_json
 from .transcripts.transcript import load_transcripts
@@ -58,7 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_command(args: argparse.Namespace) -> int:
     """Run ``export``, ``import`` or ``list``; messages for people go to stderr."""
-    opened = open_database(data_dir(args.data_dir) / DATABASE_NAME)
+    try:
+        opened = open_database(data_dir(args.data_dir) / DATABASE_NAME)
+    except DatabaseUnavailable as error:
+        print(f"seqmoe-chat: {error}", file=sys.stderr)
+        return 1
     if opened.notice:
         print(opened.notice, file=sys.stderr)
     store = ConversationStore(opened.connection)

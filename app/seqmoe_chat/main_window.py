@@ -4,10 +4,13 @@ engine client and owns the menus and shortcuts."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import re
+import sqlite3
 import time
+from collections.abc import Iterator
 
 from PySide6.QtCore import QByteArray, Qt, Slot
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
@@ -99,9 +102,12 @@ class MainWindow(QMainWindow):
         self.session.open(summaries[0].id if summaries else None)
 
     def start(self) -> None:
-        """After the window is shown: report a database that had to be replaced, load the model."""
+        """After the window is shown: report a database or settings file that had to be replaced,
+        load the model."""
         if self.context.database.notice:
             dialogs.show_error(self, "Chat database replaced", self.context.database.notice)
+        if self.context.settings_store.notice:
+            dialogs.show_error(self, "Settings replaced", self.context.settings_store.notice)
         self.load_model(self._model)
         self.models.start()
         self.composer.input.setFocus()
@@ -216,9 +222,21 @@ class MainWindow(QMainWindow):
         if self.session.conversation_id is not None:
             self.sidebar.start_rename(self.session.conversation_id)
 
+    @contextlib.contextmanager
+    def _changing_chats(self, change: str) -> Iterator[None]:
+        """Around a change of the conversations; one the database refuses (a full disk, a lock
+        held too long) is said, and the list shows the conversations as they are stored."""
+        try:
+            yield
+        except sqlite3.Error as error:
+            dialogs.show_error(self, f"{change} failed", f"The chat database refused it ({error}); nothing changed. "
+                               f"Free some disk space, or check that {self.context.data_dir} can be written.")
+            self.refresh_conversations()
+
     def _rename(self, conversation_id: int, title: str) -> None:
-        self.store.rename(conversation_id, title)
-        self.refresh_conversations()
+        with self._changing_chats("Renaming the conversation"):
+            self.store.rename(conversation_id, title)
+            self.refresh_conversations()
 
     def delete_conversation(self, conversation_id: int | None) -> None:
         if conversation_id is None or not self.store.exists(conversation_id):
@@ -226,17 +244,19 @@ class MainWindow(QMainWindow):
         if self.session.busy and self.session.active_conversation_id == conversation_id:
             self.session.stop()
         title = self.store.get(conversation_id).title
-        self.store.delete(conversation_id)
-        self.sidebar.show_undo(conversation_id, title)
-        if conversation_id == self.session.conversation_id:
-            remaining = self.store_ids()
-            self.session.open(remaining[0] if remaining else None)
-        self.refresh_conversations()
+        with self._changing_chats("Deleting the conversation"):
+            self.store.delete(conversation_id)
+            self.sidebar.show_undo(conversation_id, title)
+            if conversation_id == self.session.conversation_id:
+                remaining = self.store_ids()
+                self.session.open(remaining[0] if remaining else None)
+            self.refresh_conversations()
 
     def _undo_delete(self, conversation_id: int) -> None:
-        self.store.restore(conversation_id)
-        self.session.open(conversation_id)
-        self.refresh_conversations()
+        with self._changing_chats("Restoring the conversation"):
+            self.store.restore(conversation_id)
+            self.session.open(conversation_id)
+            self.refresh_conversations()
 
     def edit_conversation_settings(self) -> None:
         if self.session.conversation_id is None or not self.store.exists(self.session.conversation_id):
@@ -244,8 +264,9 @@ class MainWindow(QMainWindow):
         conversation = self.store.get(self.session.conversation_id)
         dialog = ConversationDialog(conversation, self)
         if dialog.exec():
-            self.store.configure(conversation.id, *dialog.values())
-            self.refresh_conversations()
+            with self._changing_chats("Saving the conversation's settings"):
+                self.store.configure(conversation.id, *dialog.values())
+                self.refresh_conversations()
 
     def regenerate_last(self) -> None:
         if self.session.conversation_id is None or self.session.busy:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from PySide6.QtWidgets import QDoubleSpinBox, QFormLayout, QSpinBox, QWidget
 
 from .store import SamplingSettings
+from .store.records import MAX_NEW_TOKENS, SEEDS, TEMPERATURES, TOP_PS
 
-MAX_NEW_TOKENS = 32_768
 RANDOM_SEED = -1
 
 
@@ -14,17 +14,17 @@ class SamplingForm(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.temperature = QDoubleSpinBox()
-        self.temperature.setRange(0.0, 2.0)
+        self.temperature.setRange(*TEMPERATURES)
         self.temperature.setSingleStep(0.05)
         self.temperature.setToolTip("0 always picks the most likely token (greedy)")
         self.top_p = QDoubleSpinBox()
-        self.top_p.setRange(0.05, 1.0)
+        self.top_p.setRange(*TOP_PS)
         self.top_p.setSingleStep(0.05)
         self.top_p.setToolTip("Sample only from the most likely tokens that together have this probability")
         self.max_new_tokens = QSpinBox()
-        self.max_new_tokens.setRange(1, MAX_NEW_TOKENS)
+        self.max_new_tokens.setRange(*MAX_NEW_TOKENS)
         self.seed = QSpinBox()
-        self.seed.setRange(RANDOM_SEED, 2**31 - 1)
+        self.seed.setRange(RANDOM_SEED, SEEDS[1])
         self.seed.setSpecialValueText("random")
         self.seed.setToolTip("The same seed and settings give the same reply")
         layout = QFormLayout(self)

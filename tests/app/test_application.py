@@ -1,19 +1,23 @@
-"""Starting and leaving the app: a data folder that cannot be written is said, reference cycles
-are collected on the GUI thread alone, and ending that leaves no Qt lock waiting for itself."""
+"""Starting and leaving the app: a data folder that cannot be written, one another app runs on and
+a database another program holds are said, reference cycles are collected on the GUI thread alone, and ending that leaves no Qt lock waiting for itself."""
 
 from __future__ import annotations
 
 import gc
+import sqlite3
 import subprocess
 import sys
 import threading
 import weakref
 
 import pytest
+from PySide6.QtCore import QLockFile
 from PySide6.QtWidgets import QLabel
 
+import seqmoe_chat.store.database
 from seqmoe_chat import dialogs
-from seqmoe_chat.application import garbage_collected_on_this_thread, run_app
+from seqmoe_chat.application import INSTANCE_LOCK_NAME, garbage_collected_on_this_thread, run_app
+from seqmoe_chat.store import DATABASE_NAME, ConversationStore, open_database
 
 
 class Cycle:
@@ -94,3 +98,34 @@ def test_a_data_folder_that_cannot_be_written_is_said_and_the_app_ends(qtbot, tm
     assert run_app(blocker / "data", None) == 1
     assert shown == [f"Its data folder {blocker / 'data'} cannot be written: Not a directory.\n\nMake it writable, or "
                      "choose another with --data-dir or the SEQMOE_CHAT_DATA_DIR environment variable."]
+
+
+def test_a_second_app_on_the_same_data_folder_says_the_first_runs_and_leaves_its_chats_alone(
+    qtbot, tmp_path, monkeypatch
+) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    first = QLockFile(str(folder / INSTANCE_LOCK_NAME))
+    assert first.tryLock(0)  # the app that runs
+    shown: list[str] = []
+    monkeypatch.setattr(dialogs, "show_fatal", lambda title, text: shown.append(title))
+    assert run_app(folder, None) == 1
+    assert shown == ["SeqMoE Chat is already running"] and not (folder / DATABASE_NAME).exists()
+    first.unlock()
+
+
+def test_a_chat_database_another_program_holds_is_said_and_left_where_it_is(qtbot, tmp_path, monkeypatch) -> None:
+    folder = tmp_path / "data"
+    opened = open_database(folder / DATABASE_NAME)
+    ConversationStore(opened.connection).create("Keep me")
+    opened.connection.close()
+    holder = sqlite3.connect(folder / DATABASE_NAME, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    shown: list[str] = []
+    monkeypatch.setattr(dialogs, "show_fatal", lambda title, text: shown.append(text))
+    monkeypatch.setattr(seqmoe_chat.store.database, "BUSY_TIMEOUT_S", 0.1)
+    assert run_app(folder, None) == 1
+    holder.close()
+    assert len(shown) == 1 and "is in use by another program" in shown[0]
+    assert not list(folder.glob("*.broken-*"))
+    assert [s.title for s in ConversationStore(open_database(folder / DATABASE_NAME).connection).summaries()] == ["Keep me"]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
 
+import seqmoe_chat.store.database
 from seqmoe_chat.main import main
 from seqmoe_chat.store import ConversationStore, open_database
 from seqmoe_chat.store.records import ASSISTANT, DONE, USER
@@ -26,6 +28,18 @@ def store(data_dir: Path) -> ConversationStore:
 def test_list_prints_ids_and_titles(store: ConversationStore, capsys) -> None:
     assert main(["list"]) == 0
     assert capsys.readouterr().out.splitlines() == [f"{s.id}\t{s.title}" for s in store.summaries()]
+
+
+def test_a_database_the_app_holds_locked_is_said_in_one_line_and_left_alone(
+    store: ConversationStore, data_dir: Path, capsys, monkeypatch
+) -> None:
+    monkeypatch.setattr(seqmoe_chat.store.database, "BUSY_TIMEOUT_S", 0.1)
+    holder = sqlite3.connect(data_dir / "chats.sqlite3", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    assert main(["list"]) == 1
+    holder.close()
+    assert capsys.readouterr().err.startswith("seqmoe-chat: The chat database") and not list(data_dir.glob("*.broken-*"))
+    assert main(["list"]) == 0 and len(capsys.readouterr().out.splitlines()) == 2
 
 
 @pytest.mark.parametrize("fmt", ["md", "json", "html", "txt"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,9 +14,11 @@ from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication, QDialog, QMessageBox
 
 from seqmoe_chat import dialogs
+from seqmoe_chat.paths import config_dir
 from seqmoe_chat.settings_dialog import SettingsDialog
 from seqmoe_chat.store import SamplingSettings
 from seqmoe_chat.store.records import ASSISTANT, DONE, USER
+from seqmoe_chat.store.settings import SETTINGS_NAME
 
 from .test_chat import press, send, stored, wait_idle
 
@@ -99,6 +102,28 @@ def test_deleting_a_conversation_can_be_undone(qtbot, window) -> None:
     qtbot.mouseClick(window.sidebar.undo_button, Qt.MouseButton.LeftButton)
     assert sorted(titles(window)) == ["Delete this one", "Keep this one"]
     assert window.session.conversation_id == doomed and len(stored(window)) == 2
+
+
+def test_a_rename_or_delete_the_database_refuses_is_said_and_the_list_shows_what_is_stored(
+    qtbot, window, monkeypatch
+) -> None:
+    conversation_id = chat(qtbot, window, "Untitled thoughts")
+    title = window.store.get(conversation_id).title
+
+    def locked(*args: object) -> None:
+        raise sqlite3.OperationalError("database is locked")
+
+    for method in ("rename", "delete"):
+        monkeypatch.setattr(window.store, method, locked)
+    window.sidebar.list.item(0).setText("My notes")
+    box = window.findChild(QMessageBox, "errorMessage")
+    assert box is not None and "Renaming the conversation failed" in box.windowTitle() + box.text()
+    assert "database is locked" in box.text()
+    box.accept()
+    assert window.sidebar.list.item(0).text() == title == window.store.get(conversation_id).title
+    window.delete_conversation(conversation_id)
+    assert not window.sidebar.undo_bar.isVisible() and titles(window) == [title]
+    assert window.session.conversation_id == conversation_id
 
 
 def test_ctrl_e_exports_the_conversation_in_the_chosen_format(qtbot, window, tmp_path: Path, monkeypatch) -> None:
@@ -212,6 +237,17 @@ def test_a_corrupt_database_is_set_aside_with_a_message(qtbot, make_window, data
     assert list(data_dir.glob("chats.sqlite3.broken-*"))
     chat(qtbot, window, "Fresh start works")
     assert stored(window)[1][2] == DONE
+
+
+def test_a_settings_file_with_a_slip_is_kept_aside_with_a_message(qtbot, make_window, data_dir: Path) -> None:
+    path = config_dir(data_dir) / SETTINGS_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"format": "seqmoe-chat-settings", "version": 3, "theme": "dark",}')
+    window = make_window()
+    box = window.findChild(QMessageBox, "errorMessage")
+    assert box is not None and box.windowTitle() == "Settings replaced" and "defaults" in box.text()
+    assert [kept.read_text() for kept in path.parent.glob(f"{SETTINGS_NAME}.broken-*")] == [
+        '{"format": "seqmoe-chat-settings", "version": 3, "theme": "dark",}']
 
 
 def test_settings_set_the_defaults_of_new_chats_and_the_theme(qtbot, window, backend, monkeypatch) -> None:

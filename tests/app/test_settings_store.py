@@ -117,11 +117,32 @@ def test_unknown_and_wrong_values_keep_their_defaults(tmp_path: Path) -> None:
     assert settings.engine == EngineOptions(cache_ratio=0.3)
 
 
+@pytest.mark.parametrize("sampling, kept", [
+    ({"temperature": "hot", "top_p": None, "max_new_tokens": 1e400, "seed": "abc"}, {}),
+    ({"temperature": float("nan"), "top_p": -3, "max_new_tokens": -10, "seed": True}, {}),
+    ({"temperature": 0, "top_p": 1, "max_new_tokens": 2.5, "seed": 7}, {"temperature": 0.0, "top_p": 1.0, "seed": 7}),
+])
+def test_sampling_values_of_the_wrong_type_or_out_of_range_keep_their_defaults(
+    tmp_path: Path, sampling: dict, kept: dict
+) -> None:
+    path = tmp_path / SETTINGS_NAME
+    path.write_text(json.dumps({"format": SETTINGS_FORMAT, "version": SCHEMA_VERSION, "theme": "dark",
+                                "sampling": sampling, "engine": {"vram_budget_gb": float("inf")}}))
+    settings = SettingsStore(path).load()
+    assert settings.sampling == SamplingSettings(**kept) and settings.theme == "dark"
+    assert settings.engine.vram_budget_gb is None
+
+
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"format": "something else", "version": 1}), "[]"])
-def test_a_damaged_or_foreign_file_gives_the_defaults(tmp_path: Path, content: str) -> None:
+def test_a_damaged_or_foreign_file_gives_the_defaults_and_is_kept_aside(tmp_path: Path, content: str) -> None:
     path = tmp_path / SETTINGS_NAME
     path.write_text(content)
-    assert SettingsStore(path).load() == Settings()
+    store = SettingsStore(path)
+    assert store.load() == Settings()
+    (kept,) = tmp_path.glob(f"{SETTINGS_NAME}.broken-*")
+    assert kept.read_text() == content and kept.name in store.notice and "defaults" in store.notice
+    store.save(Settings(theme="dark"))
+    assert kept.read_text() == content
 
 
 def test_a_newer_file_still_gives_the_values_this_version_knows(tmp_path: Path) -> None:

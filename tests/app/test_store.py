@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from seqmoe_chat.store import ConversationStore, SamplingSettings, open_database
+import seqmoe_chat.store.database
+from seqmoe_chat.store import ConversationStore, DatabaseUnavailable, SamplingSettings, open_database
 from seqmoe_chat.store.migrations import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
 from seqmoe_chat.store.records import ASSISTANT, DONE, INTERRUPTED, STREAMING, USER
 
@@ -56,15 +57,28 @@ def test_a_corrupt_database_is_moved_aside_and_a_fresh_one_starts(tmp_path: Path
     assert ConversationStore(opened.connection).summaries() == []
 
 
-def test_a_locked_database_is_moved_aside(tmp_path: Path) -> None:
+def test_a_database_another_program_holds_or_that_is_read_only_is_left_as_it_is_and_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A lock passes and a read-only file is sound: moved aside, every chat was gone from the app.
+    monkeypatch.setattr(seqmoe_chat.store.database, "BUSY_TIMEOUT_S", 0.1)
     path = tmp_path / "chats.sqlite3"
-    open_database(path).connection.close()
+    opened = open_database(path)
+    ConversationStore(opened.connection).create("Keep me")
+    opened.connection.close()
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
-    opened = open_database(path)
-    assert opened.notice and "locked" in opened.notice
-    assert list(tmp_path.glob("chats.sqlite3.broken-*"))
+    with pytest.raises(DatabaseUnavailable, match="is in use by another program"):
+        open_database(path)
     holder.close()
+    with monkeypatch.context() as read_only:  # what SQLite says of a file it may not write (chmod binds no root)
+        refused = sqlite3.OperationalError("attempt to write a readonly database")
+        refused.sqlite_errorcode = sqlite3.SQLITE_READONLY
+        read_only.setattr(seqmoe_chat.store.database, "_connect", lambda _path: (_ for _ in ()).throw(refused))
+        with pytest.raises(DatabaseUnavailable, match="is read-only; make it writable"):
+            open_database(path)
+    assert not list(tmp_path.glob("chats.sqlite3.broken-*"))
+    assert [s.title for s in ConversationStore(open_database(path).connection).summaries()] == ["Keep me"]
 
 
 def test_a_database_from_a_newer_app_is_kept_aside(tmp_path: Path) -> None:

@@ -34,17 +34,18 @@ def read_json(path: Path, fmt: str, version: int) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise StoredFileError(f"{path.name} could not be read ({error}); {_set_aside(path)}") from None
+        raise StoredFileError(f"{path.name} could not be read ({error}); {set_aside(path)}") from None
     if not isinstance(value, dict) or value.get("format") != fmt:
-        raise StoredFileError(f"{path.name} is not a {fmt} file; {_set_aside(path)}")
+        raise StoredFileError(f"{path.name} is not a {fmt} file; {set_aside(path)}")
     if value.get("version") != version:
         raise StoredFileError(
-            f"{path.name} has version {value.get('version')!r}, this app reads version {version}; {_set_aside(path)}"
+            f"{path.name} has version {value.get('version')!r}, this app reads version {version}; {set_aside(path)}"
         )
     return value
 
 
-def _set_aside(path: Path) -> str:
+def set_aside(path: Path) -> str:
+    """Rename ``path`` aside, where nothing overwrites it; says where it went, for a message."""
     kept = path.with_name(f"{path.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         os.replace(path, kept)

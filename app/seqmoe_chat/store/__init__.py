@@ -1,7 +1,7 @@
 """The chat database: conversations, messages and settings in SQLite. No Qt in here."""
 
 from .conversations import ConversationStore
-from .database import DATABASE_NAME, OpenedDatabase, open_database
+from .database import DATABASE_NAME, DatabaseUnavailable, OpenedDatabase, open_database
 from .records import Conversation, ConversationSummary, Message, SamplingSettings, ThreadEntry
 from .settings import EngineOptions, Settings, SettingsStore
 
@@ -10,6 +10,7 @@ __all__ = [
     "Conversation",
     "ConversationStore",
     "ConversationSummary",
+    "DatabaseUnavailable",
     "EngineOptions",
     "Message",
     "OpenedDatabase",

@@ -1,7 +1,9 @@
 """Opening the chat database: WAL mode, migrations, and recovery from a broken file.
 
-A database that cannot be used (corrupt, locked by another program, written by a newer
-app) is renamed, never deleted, and the app starts with a fresh one and tells the user.
+A database that cannot be used (corrupt, written by a newer app) is renamed, never deleted,
+and the app starts with a fresh one and tells the user. One that another program holds
+locked, or that is read-only, is sound: it is left where it is, and the app says why it
+cannot open it (``DatabaseUnavailable``) instead of starting without the user's chats.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ BUSY_TIMEOUT_S = 2.0
 _COMPANIONS = ("", "-wal", "-shm")
 
 
+class DatabaseUnavailable(sqlite3.OperationalError):
+    """The database is sound but cannot be used now; the message says why and what to do."""
+
+
 @dataclass
 class OpenedDatabase:
     connection: sqlite3.Connection
@@ -32,6 +38,17 @@ def open_database(path: Path) -> OpenedDatabase:
     try:
         return OpenedDatabase(_connect(path), path)
     except sqlite3.DatabaseError as error:
+        code = getattr(error, "sqlite_errorcode", 0) & 0xFF  # the primary code of an extended one
+        if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            raise DatabaseUnavailable(
+                f"The chat database {path} is in use by another program (SeqMoE Chat with the same data folder?); "
+                "close it and try again."
+            ) from None
+        if code == sqlite3.SQLITE_READONLY:
+            raise DatabaseUnavailable(
+                f"The chat database {path} is read-only; make it writable, or choose another data folder "
+                "with --data-dir or SEQMOE_CHAT_DATA_DIR."
+            ) from None
         moved = _move_aside(path)
         notice = (
             f"The chat database could not be opened ({error}). It was kept as {moved} "

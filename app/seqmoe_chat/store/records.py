@@ -24,6 +24,12 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
+TEMPERATURES = (0.0, 2.0)
+TOP_PS = (0.05, 1.0)
+MAX_NEW_TOKENS = (1, 32_768)
+SEEDS = (0, 2**31 - 1)
+
+
 @dataclass
 class SamplingSettings:
     """How replies are sampled. A temperature of 0 means greedy decoding; no seed means a random one."""
@@ -38,14 +44,23 @@ class SamplingSettings:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SamplingSettings:
+        """From stored values; one of the wrong type or outside its range (a hand-edited file)
+        keeps its default, as the settings dialog could not have given it."""
         defaults = cls()
-        seed = values.get("seed", defaults.seed)
+        seed = values.get("seed")
         return cls(
-            temperature=float(values.get("temperature", defaults.temperature)),
-            top_p=float(values.get("top_p", defaults.top_p)),
-            max_new_tokens=int(values.get("max_new_tokens", defaults.max_new_tokens)),
-            seed=None if seed is None else int(seed),
+            temperature=_within(values.get("temperature"), TEMPERATURES, defaults.temperature, float),
+            top_p=_within(values.get("top_p"), TOP_PS, defaults.top_p, float),
+            max_new_tokens=_within(values.get("max_new_tokens"), MAX_NEW_TOKENS, defaults.max_new_tokens, int),
+            seed=None if seed is None else _within(seed, SEEDS, defaults.seed, int),
         )
+
+
+def _within(value: object, bounds: tuple[float, float], default: Any, kind: type) -> Any:
+    exact = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+    if not exact or isinstance(value, bool) or not bounds[0] <= value <= bounds[1]:  # NaN fails the comparison
+        return default
+    return kind(value)
 
 
 @dataclass

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sqlite3
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..models.json_file import write_json
+from ..models.json_file import set_aside, write_json
 from .records import SamplingSettings
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ class Settings:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _from_version_1(values: dict[str, Any]) -> dict[str, Any]:
@@ -180,6 +181,8 @@ class SettingsStore:
     def __init__(self, path: Path, legacy: sqlite3.Connection | None = None) -> None:
         self.path = path
         self.legacy = legacy
+        self.notice: str | None = None
+        """Said to the user at the start: the settings file could not be used, and where it went."""
 
     def load(self) -> Settings:
         values, version = self._read()
@@ -202,17 +205,22 @@ class SettingsStore:
         except FileNotFoundError:
             return self._read_legacy()
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            log.warning("%s could not be read (%s); starting from the default settings", self.path, error)
-            return {}, SCHEMA_VERSION
+            return self._unusable(f"could not be read ({error})")
         version = stored.get("version") if isinstance(stored, dict) else None
-        if not isinstance(version, int) or stored.get("format") != SETTINGS_FORMAT or version < 1:
-            log.warning("%s is not a settings file of this app; starting from the default settings", self.path)
-            return {}, SCHEMA_VERSION
+        if not isinstance(version, int) or isinstance(version, bool) or stored.get("format") != SETTINGS_FORMAT or version < 1:
+            return self._unusable("is not a settings file of this app")
         if version > SCHEMA_VERSION:
             # A newer app wrote it: the values this version knows still apply.
             log.warning("%s has schema %d, newer than this app's %d", self.path, version, SCHEMA_VERSION)
             return stored, SCHEMA_VERSION
         return stored, version
+
+    def _unusable(self, why: str) -> tuple[dict[str, Any], int]:
+        """Default settings; the file is kept aside (one slip in a hand edit must not cost the
+        rest of it), and the user told."""
+        self.notice = f"{self.path} {why}; {set_aside(self.path)}. The settings start from their defaults."
+        log.warning("%s", self.notice)
+        return {}, SCHEMA_VERSION
 
     def _read_legacy(self) -> tuple[dict[str, Any], int]:
         if self.legacy is None:
