@@ -5,17 +5,17 @@ from __future__ import annotations
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QVBoxLayout, QWidget
 
 from .sampling_form import SamplingForm
-from .store import Conversation, SamplingSettings
+from .store import SamplingSettings
 
 
 class ConversationDialog(QDialog):
-    def __init__(self, conversation: Conversation, parent: QWidget | None = None) -> None:
+    def __init__(self, title: str, system_prompt: str, sampling: SamplingSettings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.setWindowTitle(f"Prompt and sampling: {conversation.title}")
-        self.system_prompt = QPlainTextEdit(conversation.system_prompt)
+        self.setWindowTitle(f"Prompt and sampling: {title}")
+        self.system_prompt = QPlainTextEdit(system_prompt)
         self.system_prompt.setPlaceholderText("e.g. You are a concise assistant. Answer in English.")
         self.sampling = SamplingForm()
-        self.sampling.set_value(conversation.sampling)
+        self.sampling.set_value(sampling)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)

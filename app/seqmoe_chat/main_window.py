@@ -34,6 +34,7 @@ from .settings_dialog import SettingsDialog
 from .sidebar import Sidebar
 from .status_bar import StatusBar
 from .store import Message
+from .store.conversations import DEFAULT_TITLE
 from .store.records import ASSISTANT
 from .store.settings import THEMES
 from .theme import apply_theme
@@ -259,13 +260,18 @@ class MainWindow(QMainWindow):
             self.refresh_conversations()
 
     def edit_conversation_settings(self) -> None:
-        if self.session.conversation_id is None or not self.store.exists(self.session.conversation_id):
-            self.session.new_conversation()
-        conversation = self.store.get(self.session.conversation_id)
-        dialog = ConversationDialog(conversation, self)
+        """The shown conversation's prompt and sampling; with none shown, those of a new one,
+        made only when the dialog is accepted."""
+        shown = self.session.conversation_id
+        conversation = self.store.get(shown) if shown is not None and self.store.exists(shown) else None
+        if conversation is None:
+            dialog = ConversationDialog(DEFAULT_TITLE, "", self.session.default_sampling, self)
+        else:
+            dialog = ConversationDialog(conversation.title, conversation.system_prompt, conversation.sampling, self)
         if dialog.exec():
             with self._changing_chats("Saving the conversation's settings"):
-                self.store.configure(conversation.id, *dialog.values())
+                self.store.configure(self.session.new_conversation() if conversation is None else conversation.id,
+                                     *dialog.values())
                 self.refresh_conversations()
 
     def regenerate_last(self) -> None:

@@ -170,6 +170,13 @@ def test_the_system_prompt_and_sampling_of_a_conversation_reach_the_engine(qtbot
     assert sampling.greedy and sampling.top_p == 0.5 and sampling.max_new_tokens == 77 and sampling.seed == 42
 
 
+def test_cancelling_the_prompt_and_sampling_of_no_chat_makes_none(qtbot, window, monkeypatch) -> None:
+    monkeypatch.setattr(ConversationDialog, "exec", lambda dialog: QDialog.DialogCode.Rejected)
+    assert window.session.conversation_id is None
+    qtbot.mouseClick(window.header.settings_button, Qt.MouseButton.LeftButton)
+    assert window.session.conversation_id is None and window.store.summaries() == []
+
+
 def test_streaming_is_rendered_in_batches_not_per_token(qtbot, window, backend, monkeypatch) -> None:
     renders = []
     original = MarkdownView.set_markdown
