@@ -64,6 +64,20 @@ def test_a_replys_line_gives_the_speed_and_hit_rate_of_generating_when_the_stats
     assert "31.2 tok/s" in stats_line(STATS)
 
 
+# A shorter run of backticks inside a longer fence is code, not its end: the closing must match.
+@pytest.mark.parametrize(("fence", "code"), [("```", "for i in"), ("~~~", "for i in"), ("````", "```\nfor i in")])
+def test_a_reply_stopped_inside_a_code_block_leaves_the_rest_of_the_markdown_as_prose(
+        store: ConversationStore, fence: str, code: str) -> None:
+    conversation = store.create(title="Stopped")
+    question = store.add_message(conversation.id, None, USER, "Write a loop", DONE)
+    stopped = store.add_message(conversation.id, question.id, ASSISTANT, f"Sure:\n\n{fence}python\n{code}", STOPPED)
+    store.add_message(conversation.id, stopped.id, USER, "Second question", DONE)
+    segments = split_fences(render(load_transcripts(store, [conversation.id]), "md"))
+    assert [segment.text for segment in segments if segment.code] == [code]
+    prose = "".join(segment.text for segment in segments if not segment.code)
+    assert "*stopped*" in prose and "### You" in prose and "Second question" in prose
+
+
 def test_html_is_self_contained_escaped_and_highlights_code(store: ConversationStore, conversation_id: int) -> None:
     html = render(load_transcripts(store, [conversation_id]), "html")
     assert html.startswith("<!DOCTYPE html>") and "<style>" in html and "@media print" in html
