@@ -316,6 +316,10 @@ class MainWindow(QMainWindow):
         except OSError as error:
             dialogs.show_error(self, "Export failed", f"{path} could not be written: {error.strerror or error}")
             return
+        except Exception as error:  # stored data an export cannot show: a bug, but no reason to lose the window
+            log.exception("exporting to %s failed", path)
+            dialogs.show_error(self, "Export failed", f"The conversation(s) could not be exported: {error}")
+            return
         self.status.showMessage(f"Exported {len(conversation_ids)} conversation(s) to {path}", STATUS_MESSAGE_MS)
 
     def import_conversations(self) -> None:

@@ -154,6 +154,31 @@ def test_a_broken_import_file_is_reported(qtbot, window, tmp_path: Path, monkeyp
     assert box is not None and "not a SeqMoE Chat transcript" in box.text()
 
 
+def test_an_import_with_a_value_the_app_cannot_store_is_reported_and_adds_nothing(
+        qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    chat(qtbot, window, "Keep this one")
+    message = {"id": 1, "role": "user", "content": "\ud800", "created_at": "2025-01-01T00:00:00+00:00"}
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "seqmoe-chat-transcript", "version": 1, "conversations": [
+        {"title": "Broken", "messages": [message], "created_at": "2025-01-01", "updated_at": "2025-01-01"}]}), encoding="utf-8")
+    monkeypatch.setattr(dialogs, "ask_import_path", lambda parent: tmp_path / "bad.json")
+    window.action_import.trigger()
+    box = window.findChild(QMessageBox, "errorMessage")
+    assert box is not None and 'message 1: "content" holds a character that is not valid Unicode' in box.text()
+    assert titles(window) == ["Keep this one"]
+
+
+def test_an_export_that_fails_on_stored_data_is_reported(qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    conversation_id = chat(qtbot, window, "Export me")
+    # A time no export can show, as an import before imports were checked could store.
+    window.store.connection.execute("UPDATE messages SET created_at = 'yesterday' WHERE conversation_id = ?", (conversation_id,))
+    (tmp_path / "out").mkdir()
+    monkeypatch.setattr(dialogs, "ask_export_path", lambda parent, name, fmt: (tmp_path / "out" / "chat.md", "md"))
+    press(qtbot, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
+    box = window.findChild(QMessageBox, "errorMessage")
+    assert box is not None and "could not be exported" in box.text() and "yesterday" in box.text()
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_themes_switch_the_palette_and_are_remembered(qtbot, make_window) -> None:
     def message_text_lightness(window) -> int:
         return next(iter(window.chat.widgets.values())).body.palette().color(QPalette.ColorRole.Text).lightness()

@@ -124,6 +124,59 @@ def test_json_import_refuses_what_it_cannot_read() -> None:
         from_json(json.dumps(broken))
 
 
+def transcript_text(conversation: dict | None = None, message: dict | None = None, version: int = 1) -> str:
+    """A file of two conversations: a sound one, then one with ``conversation`` and ``message`` changed."""
+    def sound(title: str) -> dict:
+        return {"title": title, "sampling": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 512, "seed": None},
+                "created_at": "2025-01-01T00:00:00+00:00", "updated_at": "2025-01-01T00:00:00+00:00",
+                "current_message": 1, "messages": [{"id": 1, "parent": None, "role": "user", "content": "hi",
+                                                   "stats": {}, "created_at": "2025-01-01T00:00:00+00:00"}]}
+    changed = {**sound("Changed"), **(conversation or {})}
+    changed["messages"] = [{**entry, **(message or {})} for entry in changed["messages"]]
+    return json.dumps({"format": "seqmoe-chat-transcript", "version": version, "conversations": [sound("Sound"), changed]})
+
+
+MALFORMED = {
+    "nested deeper than Python recurses": ('{"format": "seqmoe-chat-transcript", "version": 1, "conversations": '
+                                           + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    "a 5000-digit number": (transcript_text(version=int("1" * 4000)).replace("1" * 4000, "1" * 5000), "too many digits"),
+    "an id of 1e400": (transcript_text(message={"id": 7}).replace('"id": 7', '"id": 1e400'), 'message 1: "id" must be a whole'),
+    "no sampling object": (transcript_text({"sampling": None}), 'conversation 2: "sampling" must be an object'),
+    "a list for sampling": (transcript_text({"sampling": [1]}), '"sampling" must be an object'),
+    "a lone surrogate": (transcript_text(message={"content": "\ud800"}), '"content" holds a character that is not valid Unicode'),
+    "a time that is no time": (transcript_text(message={"created_at": "yesterday"}), '"created_at" is not a date and time'),
+    "statistics in words": (transcript_text(message={"stats": {"tokens": "many"}}), 'stats: "tokens" must be a number'),
+    "a speed no float holds": (transcript_text(message={"stats": {"tokens_per_s": 10**400}}), '"tokens_per_s" must be a number'),
+    "nested statistics": (transcript_text(message={"stats": {"device": {"a": 1}}}), '"device" must be a number, text'),
+    "a NaN temperature": (transcript_text({"sampling": {"temperature": float("nan")}}), '"temperature" must be a number'),
+    "a negative top-p": (transcript_text({"sampling": {"top_p": -3}}), '"top_p" must be a number from 0.05 to 1'),
+    "negative max new tokens": (transcript_text({"sampling": {"max_new_tokens": -10}}), '"max_new_tokens" must be a whole'),
+    "a negative version": (transcript_text(version=-5), "version -5 is not one this app reads"),
+    "a null title": (transcript_text({"title": None}), 'conversation 2: "title" must be text'),
+    "a message id twice": (transcript_text({"messages": [{"id": 1, "role": "user", "content": "a", "created_at": "2025-01-01"}] * 2}),
+                           "two messages have the id 1"),
+}
+
+
+@pytest.mark.parametrize(("text", "reason"), MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_transcript_is_refused_with_a_one_line_reason_and_nothing_imported(
+        store: ConversationStore, text: str, reason: str) -> None:
+    with pytest.raises(TranscriptError, match=reason) as refused:
+        import_json(store, text)
+    assert "\n" not in str(refused.value)
+    assert store.summaries() == []
+
+
+def test_missing_optional_fields_take_their_defaults(store: ConversationStore) -> None:
+    document = json.loads(transcript_text())
+    del document["conversations"][1]["sampling"]
+    (_, new_id) = import_json(store, json.dumps(document))
+    assert store.get(new_id).sampling == SamplingSettings()
+    assert [(m.state, m.error, m.stats, m.updated_at) for m in store.messages(new_id)] == [
+        ("done", "", {}, "2025-01-01T00:00:00+00:00")
+    ]
+
+
 def test_all_conversations_go_into_one_file(store: ConversationStore, conversation_id: int, tmp_path: Path) -> None:
     other = store.create(title="Second chat")
     store.add_message(other.id, None, USER, "Another question", DONE)

@@ -24,6 +24,12 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
+TEMPERATURES = (0.0, 2.0)
+TOP_PS = (0.05, 1.0)
+MAX_NEW_TOKENS = (1, 32_768)
+SEEDS = (0, 2**31 - 1)
+
+
 @dataclass
 class SamplingSettings:
     """How replies are sampled. A temperature of 0 means greedy decoding; no seed means a random one."""
