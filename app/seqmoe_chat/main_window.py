@@ -500,5 +500,7 @@ def _fill(menu: QMenu, *actions: QAction | None) -> None:
 
 
 def _file_name(title: str) -> str:
-    """A title made safe as a file name on every platform."""
-    return re.sub(r'[\\/:*?"<>|\s]+', " ", title).strip()[:80] or "conversation"
+    """A title made safe as a file name on every platform: file systems count a name's bytes
+    (255 at most), so it is cut by its UTF-8 bytes, leaving room for the extension."""
+    safe = re.sub(r'[\\/:*?"<>|\s]+', " ", title).strip()
+    return safe.encode()[:120].decode(errors="ignore").strip() or "conversation"

@@ -111,6 +111,22 @@ def test_ctrl_e_exports_the_conversation_in_the_chosen_format(qtbot, window, tmp
     assert "Exported 1 conversation" in window.status.currentMessage()
 
 
+def test_a_long_non_ascii_title_exports_under_the_name_the_app_suggests(
+        qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    conversation_id = chat(qtbot, window, "Export me")
+    window.store.rename(conversation_id, "鸚鵡🦜" * 40)  # 10 bytes a repeat: 80 characters were 280 bytes
+    suggested = []
+
+    def ask_export_path(parent, name, fmt):
+        suggested.append(tmp_path / f"{name}.html")
+        return suggested[0], "html"
+
+    monkeypatch.setattr(dialogs, "ask_export_path", ask_export_path)
+    window.export_current()
+    assert "Export me" in suggested[0].read_text(encoding="utf-8") and suggested[0].name.startswith("鸚鵡🦜鸚鵡🦜")
+    assert "Exported 1 conversation" in window.status.currentMessage()
+
+
 def test_the_export_dialog_starts_in_the_documents_and_the_typed_extension_wins(qtbot, window, tmp_path: Path, monkeypatch) -> None:
     asked = []
 

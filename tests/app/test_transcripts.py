@@ -190,6 +190,14 @@ def test_all_conversations_go_into_one_file(store: ConversationStore, conversati
     assert list(tmp_path.glob(".*.tmp")) == []
 
 
+def test_an_export_to_a_name_near_the_file_systems_limit_is_written(
+        store: ConversationStore, conversation_id: int, tmp_path: Path) -> None:
+    path = tmp_path / ("a" * 245 + ".md")  # 248 bytes: a name any file system takes
+    write_export(path, load_transcripts(store, [conversation_id]), "md")
+    assert path.read_text(encoding="utf-8").startswith("# Adding numbers")
+    assert list(tmp_path.glob(".*.tmp")) == []
+
+
 def test_an_export_takes_the_format_its_typed_name_asks_for(tmp_path: Path) -> None:
     assert export_target(tmp_path / "notes.json", "md") == (tmp_path / "notes.json", "json")
     assert export_target(tmp_path / "notes.HTM", "txt") == (tmp_path / "notes.HTM", "html")
