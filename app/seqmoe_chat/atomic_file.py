@@ -14,7 +14,8 @@ def write_text_atomically(path: Path, text: str, mode: int | None = None) -> Non
     ``mode`` sets the permissions (a temporary file is private to its owner). The folder must
     exist: whether to create it is the caller's choice (an export to a missing folder is an error)."""
     path = Path(path)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # Not named after ``path``: a name near the file system's 255-byte limit would push it over.
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".seqmoe-chat-", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8", newline="\n") as handle:
             handle.write(text)

@@ -343,6 +343,10 @@ class MainWindow(QMainWindow):
         except OSError as error:
             dialogs.show_error(self, "Export failed", f"{path} could not be written: {error.strerror or error}")
             return
+        except Exception as error:  # stored data an export cannot show: a bug, but no reason to lose the window
+            log.exception("exporting to %s failed", path)
+            dialogs.show_error(self, "Export failed", f"The conversation(s) could not be exported: {error}")
+            return
         self.status.showMessage(f"Exported {len(conversation_ids)} conversation(s) to {path}", STATUS_MESSAGE_MS)
 
     def import_conversations(self) -> None:
@@ -523,5 +527,7 @@ def _fill(menu: QMenu, *actions: QAction | None) -> None:
 
 
 def _file_name(title: str) -> str:
-    """A title made safe as a file name on every platform."""
-    return re.sub(r'[\\/:*?"<>|\s]+', " ", title).strip()[:80] or "conversation"
+    """A title made safe as a file name on every platform: file systems count a name's bytes
+    (255 at most), so it is cut by its UTF-8 bytes, leaving room for the extension."""
+    safe = re.sub(r'[\\/:*?"<>|\s]+', " ", title).strip()
+    return safe.encode()[:120].decode(errors="ignore").strip() or "conversation"

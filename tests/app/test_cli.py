@@ -68,3 +68,18 @@ def test_commands_fail_clearly(store: ConversationStore, tmp_path: Path, capsys)
     assert "cannot be imported" in capsys.readouterr().err
     assert main(["import", str(tmp_path / "missing.json")]) == 1
     assert main(["export", "--all", "--format", "md", "--out", str(tmp_path / "no-folder" / "x.md")]) == 1
+
+
+@pytest.mark.parametrize("content", [
+    '{"format": "seqmoe-chat-transcript", "version": 1, "conversations": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    '{"format": "seqmoe-chat-transcript", "version": 1, "conversations": [{"title": "x", "sampling": null, "messages": []}]}',
+    '{"format": "seqmoe-chat-transcript", "version": 1, "conversations": [{"title": "x", "messages": [{"id": 1,'
+    ' "role": "user", "content": "\\ud800", "created_at": "2025-01-01"}], "created_at": "2025-01-01", "updated_at": "2025-01-01"}]}',
+], ids=["nested too deeply", "null sampling", "lone surrogate"])
+def test_a_malformed_import_is_one_line_and_imports_nothing(
+        store: ConversationStore, tmp_path: Path, capsys, content: str) -> None:
+    (tmp_path / "bad.json").write_text(content, encoding="utf-8")
+    assert main(["import", str(tmp_path / "bad.json")]) == 2
+    error = capsys.readouterr().err
+    assert "cannot be imported" in error and error.count("\n") == 1
+    assert sorted(s.title for s in store.summaries()) == ["Birds", "Trees"]

@@ -136,6 +136,22 @@ def test_ctrl_e_exports_the_conversation_in_the_chosen_format(qtbot, window, tmp
     assert "Exported 1 conversation" in window.status.currentMessage()
 
 
+def test_a_long_non_ascii_title_exports_under_the_name_the_app_suggests(
+        qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    conversation_id = chat(qtbot, window, "Export me")
+    window.store.rename(conversation_id, "鸚鵡🦜" * 40)  # 10 bytes a repeat: 80 characters were 280 bytes
+    suggested = []
+
+    def ask_export_path(parent, name, fmt):
+        suggested.append(tmp_path / f"{name}.html")
+        return suggested[0], "html"
+
+    monkeypatch.setattr(dialogs, "ask_export_path", ask_export_path)
+    window.export_current()
+    assert "Export me" in suggested[0].read_text(encoding="utf-8") and suggested[0].name.startswith("鸚鵡🦜鸚鵡🦜")
+    assert "Exported 1 conversation" in window.status.currentMessage()
+
+
 def test_the_export_dialog_starts_in_the_documents_and_the_typed_extension_wins(qtbot, window, tmp_path: Path, monkeypatch) -> None:
     asked = []
 
@@ -177,6 +193,31 @@ def test_a_broken_import_file_is_reported(qtbot, window, tmp_path: Path, monkeyp
     window.action_import.trigger()
     box = window.findChild(QMessageBox, "errorMessage")
     assert box is not None and "not a SeqMoE Chat transcript" in box.text()
+
+
+def test_an_import_with_a_value_the_app_cannot_store_is_reported_and_adds_nothing(
+        qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    chat(qtbot, window, "Keep this one")
+    message = {"id": 1, "role": "user", "content": "\ud800", "created_at": "2025-01-01T00:00:00+00:00"}
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "seqmoe-chat-transcript", "version": 1, "conversations": [
+        {"title": "Broken", "messages": [message], "created_at": "2025-01-01", "updated_at": "2025-01-01"}]}), encoding="utf-8")
+    monkeypatch.setattr(dialogs, "ask_import_path", lambda parent: tmp_path / "bad.json")
+    window.action_import.trigger()
+    box = window.findChild(QMessageBox, "errorMessage")
+    assert box is not None and 'message 1: "content" holds a character that is not valid Unicode' in box.text()
+    assert titles(window) == ["Keep this one"]
+
+
+def test_an_export_that_fails_on_stored_data_is_reported(qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    conversation_id = chat(qtbot, window, "Export me")
+    # A time no export can show, as an import before imports were checked could store.
+    window.store.connection.execute("UPDATE messages SET created_at = 'yesterday' WHERE conversation_id = ?", (conversation_id,))
+    (tmp_path / "out").mkdir()
+    monkeypatch.setattr(dialogs, "ask_export_path", lambda parent, name, fmt: (tmp_path / "out" / "chat.md", "md"))
+    press(qtbot, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
+    box = window.findChild(QMessageBox, "errorMessage")
+    assert box is not None and "could not be exported" in box.text() and "yesterday" in box.text()
+    assert list((tmp_path / "out").iterdir()) == []
 
 
 def test_themes_switch_the_palette_and_are_remembered(qtbot, make_window) -> None:

@@ -64,6 +64,20 @@ def test_a_replys_line_gives_the_speed_and_hit_rate_of_generating_when_the_stats
     assert "31.2 tok/s" in stats_line(STATS)
 
 
+# A shorter run of backticks inside a longer fence is code, not its end: the closing must match.
+@pytest.mark.parametrize(("fence", "code"), [("```", "for i in"), ("~~~", "for i in"), ("````", "```\nfor i in")])
+def test_a_reply_stopped_inside_a_code_block_leaves_the_rest_of_the_markdown_as_prose(
+        store: ConversationStore, fence: str, code: str) -> None:
+    conversation = store.create(title="Stopped")
+    question = store.add_message(conversation.id, None, USER, "Write a loop", DONE)
+    stopped = store.add_message(conversation.id, question.id, ASSISTANT, f"Sure:\n\n{fence}python\n{code}", STOPPED)
+    store.add_message(conversation.id, stopped.id, USER, "Second question", DONE)
+    segments = split_fences(render(load_transcripts(store, [conversation.id]), "md"))
+    assert [segment.text for segment in segments if segment.code] == [code]
+    prose = "".join(segment.text for segment in segments if not segment.code)
+    assert "*stopped*" in prose and "### You" in prose and "Second question" in prose
+
+
 def test_html_is_self_contained_escaped_and_highlights_code(store: ConversationStore, conversation_id: int) -> None:
     html = render(load_transcripts(store, [conversation_id]), "html")
     assert html.startswith("<!DOCTYPE html>") and "<style>" in html and "@media print" in html
@@ -110,6 +124,59 @@ def test_json_import_refuses_what_it_cannot_read() -> None:
         from_json(json.dumps(broken))
 
 
+def transcript_text(conversation: dict | None = None, message: dict | None = None, version: int = 1) -> str:
+    """A file of two conversations: a sound one, then one with ``conversation`` and ``message`` changed."""
+    def sound(title: str) -> dict:
+        return {"title": title, "sampling": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 512, "seed": None},
+                "created_at": "2025-01-01T00:00:00+00:00", "updated_at": "2025-01-01T00:00:00+00:00",
+                "current_message": 1, "messages": [{"id": 1, "parent": None, "role": "user", "content": "hi",
+                                                   "stats": {}, "created_at": "2025-01-01T00:00:00+00:00"}]}
+    changed = {**sound("Changed"), **(conversation or {})}
+    changed["messages"] = [{**entry, **(message or {})} for entry in changed["messages"]]
+    return json.dumps({"format": "seqmoe-chat-transcript", "version": version, "conversations": [sound("Sound"), changed]})
+
+
+MALFORMED = {
+    "nested deeper than Python recurses": ('{"format": "seqmoe-chat-transcript", "version": 1, "conversations": '
+                                           + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    "a 5000-digit number": (transcript_text(version=int("1" * 4000)).replace("1" * 4000, "1" * 5000), "too many digits"),
+    "an id of 1e400": (transcript_text(message={"id": 7}).replace('"id": 7', '"id": 1e400'), 'message 1: "id" must be a whole'),
+    "no sampling object": (transcript_text({"sampling": None}), 'conversation 2: "sampling" must be an object'),
+    "a list for sampling": (transcript_text({"sampling": [1]}), '"sampling" must be an object'),
+    "a lone surrogate": (transcript_text(message={"content": "\ud800"}), '"content" holds a character that is not valid Unicode'),
+    "a time that is no time": (transcript_text(message={"created_at": "yesterday"}), '"created_at" is not a date and time'),
+    "statistics in words": (transcript_text(message={"stats": {"tokens": "many"}}), 'stats: "tokens" must be a number'),
+    "a speed no float holds": (transcript_text(message={"stats": {"tokens_per_s": 10**400}}), '"tokens_per_s" must be a number'),
+    "nested statistics": (transcript_text(message={"stats": {"device": {"a": 1}}}), '"device" must be a number, text'),
+    "a NaN temperature": (transcript_text({"sampling": {"temperature": float("nan")}}), '"temperature" must be a number'),
+    "a negative top-p": (transcript_text({"sampling": {"top_p": -3}}), '"top_p" must be a number from 0.05 to 1'),
+    "negative max new tokens": (transcript_text({"sampling": {"max_new_tokens": -10}}), '"max_new_tokens" must be a whole'),
+    "a negative version": (transcript_text(version=-5), "version -5 is not one this app reads"),
+    "a null title": (transcript_text({"title": None}), 'conversation 2: "title" must be text'),
+    "a message id twice": (transcript_text({"messages": [{"id": 1, "role": "user", "content": "a", "created_at": "2025-01-01"}] * 2}),
+                           "two messages have the id 1"),
+}
+
+
+@pytest.mark.parametrize(("text", "reason"), MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_transcript_is_refused_with_a_one_line_reason_and_nothing_imported(
+        store: ConversationStore, text: str, reason: str) -> None:
+    with pytest.raises(TranscriptError, match=reason) as refused:
+        import_json(store, text)
+    assert "\n" not in str(refused.value)
+    assert store.summaries() == []
+
+
+def test_missing_optional_fields_take_their_defaults(store: ConversationStore) -> None:
+    document = json.loads(transcript_text())
+    del document["conversations"][1]["sampling"]
+    (_, new_id) = import_json(store, json.dumps(document))
+    assert store.get(new_id).sampling == SamplingSettings()
+    assert [(m.state, m.error, m.stats, m.updated_at) for m in store.messages(new_id)] == [
+        ("done", "", {}, "2025-01-01T00:00:00+00:00")
+    ]
+
+
 def test_all_conversations_go_into_one_file(store: ConversationStore, conversation_id: int, tmp_path: Path) -> None:
     other = store.create(title="Second chat")
     store.add_message(other.id, None, USER, "Another question", DONE)
@@ -120,6 +187,14 @@ def test_all_conversations_go_into_one_file(store: ConversationStore, conversati
         text = path.read_text(encoding="utf-8")
         assert "Second chat" in text and "Adding numbers" in text
         assert format_for(path) == fmt
+    assert list(tmp_path.glob(".*.tmp")) == []
+
+
+def test_an_export_to_a_name_near_the_file_systems_limit_is_written(
+        store: ConversationStore, conversation_id: int, tmp_path: Path) -> None:
+    path = tmp_path / ("a" * 245 + ".md")  # 248 bytes: a name any file system takes
+    write_export(path, load_transcripts(store, [conversation_id]), "md")
+    assert path.read_text(encoding="utf-8").startswith("# Adding numbers")
     assert list(tmp_path.glob(".*.tmp")) == []
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..atomic_file import ordinary_file_mode, write_text_atomically
+from .fences import unclosed_fence
 from .html_format import to_html
 from .json_format import to_json
 from .reply_stats import stats_line
@@ -32,11 +33,19 @@ def _markdown_conversation(transcript: Transcript) -> str:
         lines += ["**System prompt:**", ""] + [f"> {line}" for line in conversation.system_prompt.splitlines()] + [""]
     for entry in transcript.thread():
         message = entry.message
-        lines += [f"### {speaker(message)} · {local_time(message.created_at)}", "", message.content, ""]
+        lines += [f"### {speaker(message)} · {local_time(message.created_at)}", "", _closed_fences(message.content), ""]
         notes = [note for note in (state_note(message), stats_line(message.stats)) if note]
         if notes:
             lines += [f"*{' · '.join(notes)}*", ""]
     return "\n".join(lines)
+
+
+def _closed_fences(content: str) -> str:
+    """A reply stopped inside a code block, closed: else the rest of the file would read as code."""
+    fence = unclosed_fence(content)
+    if not fence:
+        return content
+    return content + ("" if content.endswith("\n") else "\n") + fence
 
 
 def to_text(transcripts: list[Transcript]) -> str:

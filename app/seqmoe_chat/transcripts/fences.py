@@ -48,6 +48,15 @@ def split_fences(markdown: str) -> list[Segment]:
     return segments
 
 
+def unclosed_fence(markdown: str) -> str:
+    """The fence that would close a code block left open at the end of ``markdown`` (a reply
+    stopped mid-block), or "" when every block is closed."""
+    segments = split_fences(markdown)
+    if not segments or segments[-1].closed:
+        return ""
+    return _OPENING.match(segments[-1].source.splitlines()[0])["fence"]
+
+
 def code_blocks(markdown: str) -> list[Segment]:
     """The closed code blocks, in order: what a "copy code" action can offer."""
     return [segment for segment in split_fences(markdown) if segment.code and segment.closed]

@@ -4,6 +4,15 @@ Version 1 holds, per conversation, the title, system prompt, sampling settings, 
 id, timestamps and every message (earlier versions included) with its role, state,
 error, model id, statistics and timestamps. Message ids are local to the file; parents
 and the visible thread's end refer to them.
+
+Import is strict, so that nothing imported can break the chat or an export later: every
+value must be one the app could have written (valid Unicode text, dates and times that
+parse, finite numbers, sampling settings the settings fields allow, statistics the chat can
+show). A file with any other value, null included, is refused with the field and where it
+is, and nothing of it is imported. Only a field that is missing takes a default (system
+prompt, sampling or any one setting, model id, state "done", error, statistics, a message's
+updated_at from its created_at): a missing field holds nothing its writer meant. Null means
+"none" only where the app writes it: a message's parent, the current message, the seed.
 """
 
 from __future__ import annotations
@@ -12,15 +21,14 @@ import json
 from typing import Any
 
 from ..store import Conversation, ConversationStore, Message, SamplingSettings
-from ..store.records import ROLES, STATES, now_iso
+from ..store.records import DONE, MAX_NEW_TOKENS, ROLES, SEEDS, STATES, TEMPERATURES, TOP_PS, now_iso
+from .json_values import Fields, TranscriptError, is_unicode
+from .reply_stats import NUMBERS
 from .transcript import Transcript
 
 FORMAT = "seqmoe-chat-transcript"
 VERSION = 1
-
-
-class TranscriptError(ValueError):
-    """A file that is not a transcript this app can read; the message says why."""
+__all__ = ["FORMAT", "VERSION", "TranscriptError", "from_json", "import_json", "to_json"]
 
 
 def to_json(transcripts: list[Transcript]) -> str:
@@ -68,60 +76,85 @@ def from_json(text: str) -> list[Transcript]:
         document = json.loads(text)
     except json.JSONDecodeError as error:
         raise TranscriptError(f"not JSON: {error}") from None
+    except RecursionError:
+        raise TranscriptError("not JSON this app can read: it is nested too deeply") from None
+    except ValueError:  # Python's limit on the digits of an integer
+        raise TranscriptError("not JSON this app can read: it holds a number with too many digits") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise TranscriptError("not a SeqMoE Chat transcript")
-    if not isinstance(document.get("version"), int) or document["version"] > VERSION:
-        raise TranscriptError(f"transcript version {document.get('version')!r} is newer than this app reads ({VERSION})")
-    try:
-        return [_transcript(item) for item in document["conversations"]]
-    except (KeyError, TypeError, ValueError) as error:
-        raise TranscriptError(f"a conversation in the transcript is malformed ({type(error).__name__}: {error})") from None
+    version = document.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise TranscriptError(f"transcript version {version!r} is not one this app reads")
+    if version > VERSION:
+        raise TranscriptError(f"transcript version {version} is newer than this app reads ({VERSION})")
+    return [_transcript(item) for item in Fields(document, "").objects("conversations", "conversation")]
 
 
-def _transcript(item: dict[str, Any]) -> Transcript:
-    messages = [_message(entry) for entry in item["messages"]]
+def _transcript(item: Fields) -> Transcript:
+    messages = [_message(entry) for entry in item.objects("messages", "message")]
     known = set()
     for message in messages:
+        if message.id in known:
+            raise TranscriptError(f"{item.where}: two messages have the id {message.id}")
         if message.parent_id is not None and message.parent_id not in known:
-            raise ValueError(f"message {message.id} comes before its parent {message.parent_id}")
+            raise TranscriptError(f"{item.where}: message {message.id} comes before its parent {message.parent_id}")
         known.add(message.id)
-    current = item.get("current_message")
+    current = item.optional_integer("current_message")
     if current is not None and current not in known:
-        raise ValueError(f"current message {current} does not exist")
+        raise TranscriptError(f"{item.where}: current message {current} does not exist")
     conversation = Conversation(
         id=0,
-        title=str(item["title"]),
-        system_prompt=str(item.get("system_prompt", "")),
-        sampling=SamplingSettings.from_dict(item.get("sampling", {})),
-        model_id=str(item.get("model_id", "")),
+        title=item.text("title"),
+        system_prompt=item.text("system_prompt", ""),
+        sampling=_sampling(item.object("sampling", {})),
+        model_id=item.text("model_id", ""),
         current_leaf_id=current,
-        created_at=str(item["created_at"]),
-        updated_at=str(item["updated_at"]),
+        created_at=item.timestamp("created_at"),
+        updated_at=item.timestamp("updated_at"),
     )
     return Transcript(conversation, messages)
 
 
-def _message(entry: dict[str, Any]) -> Message:
-    if entry["role"] not in ROLES:
-        raise ValueError(f"unknown role {entry['role']!r}")
-    if entry.get("state", "done") not in STATES:
-        raise ValueError(f"unknown state {entry['state']!r}")
-    stats = entry.get("stats", {})
-    if not isinstance(stats, dict):
-        raise ValueError("stats must be an object")
-    return Message(
-        id=int(entry["id"]),
-        conversation_id=0,
-        parent_id=None if entry.get("parent") is None else int(entry["parent"]),
-        role=entry["role"],
-        content=str(entry["content"]),
-        created_at=str(entry["created_at"]),
-        updated_at=str(entry.get("updated_at", entry["created_at"])),
-        state=entry.get("state", "done"),
-        error=str(entry.get("error", "")),
-        model_id=str(entry.get("model_id", "")),
-        stats=stats,
+def _sampling(sampling: Fields) -> SamplingSettings:
+    defaults = SamplingSettings()
+    return SamplingSettings(
+        temperature=sampling.number("temperature", defaults.temperature, TEMPERATURES),
+        top_p=sampling.number("top_p", defaults.top_p, TOP_PS),
+        max_new_tokens=sampling.integer("max_new_tokens", defaults.max_new_tokens, MAX_NEW_TOKENS),
+        seed=sampling.optional_integer("seed", SEEDS),
     )
+
+
+def _message(entry: Fields) -> Message:
+    created_at = entry.timestamp("created_at")
+    return Message(
+        id=entry.integer("id"),
+        conversation_id=0,
+        parent_id=entry.optional_integer("parent"),
+        role=entry.choice("role", ROLES),
+        content=entry.text("content"),
+        created_at=created_at,
+        updated_at=entry.timestamp("updated_at", created_at),
+        state=entry.choice("state", STATES, DONE),
+        error=entry.text("error", ""),
+        model_id=entry.text("model_id", ""),
+        stats=_stats(entry.object("stats", {})),
+    )
+
+
+def _stats(stats: Fields) -> dict[str, Any]:
+    """Statistics as the engine writes them: numbers where the chat shows a figure, else a
+    number, text, true, false or null, never a nested value."""
+    for key, value in stats.values.items():
+        if not is_unicode(key):
+            raise TranscriptError(f"{stats.where}: a name holds a character that is not valid Unicode")
+        if key in NUMBERS or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            stats.number(key)  # finite too: an export would write NaN, which is not JSON
+        elif isinstance(value, str):
+            stats.text(key)
+        elif value is not None and not isinstance(value, bool):
+            raise stats.error(key, "must be a number, text, true, false or null")
+    return stats.values
 
 
 def import_json(store: ConversationStore, text: str) -> list[int]:

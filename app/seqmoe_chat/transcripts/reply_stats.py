@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+# The figures the chat, the status bar and the exports format as numbers: an imported
+# transcript must hold numbers there.
+NUMBERS = frozenset({
+    "tokens", "prompt_tokens", "reused_prompt_tokens", "tokens_per_s", "decode_tokens_per_s", "time_to_first_token",
+    "hit_rate", "decode_hit_rate", "hits", "misses", "stall_seconds", "gui_stall_ms",
+})
+
 
 def stats_line(stats: dict[str, Any]) -> str:
     """E.g. "42 tokens · 31.2 tok/s · first token 0.21 s · hit rate 96.9% · stalls 0.03 s", and
