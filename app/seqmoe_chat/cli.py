@@ -6,6 +6,7 @@ The headless commands touch only the chat database: they start no Qt and load no
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -104,6 +105,9 @@ def _import(store: ConversationStore, file: Path) -> int:
     except (TranscriptError, UnicodeDecodeError) as error:
         print(f"seqmoe-chat: {file} cannot be imported: {error}", file=sys.stderr)
         return 2
+    except sqlite3.Error as error:
+        print(f"seqmoe-chat: the chat database refused the import ({error}); nothing was imported", file=sys.stderr)
+        return 1
     print(f"imported {len(ids)} conversation(s): {', '.join(map(str, ids))}", file=sys.stderr)
     return 0
 

@@ -353,14 +353,15 @@ class MainWindow(QMainWindow):
         path = dialogs.ask_import_path(self)
         if path is None:
             return
-        try:
-            ids = import_json(self.store, path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, TranscriptError) as error:
-            dialogs.show_error(self, "Import failed", f"{path.name} could not be imported: {error}")
-            return
-        if ids:
-            self.session.open(ids[0])
-        self.status.showMessage(f"Imported {len(ids)} conversation(s) from {path.name}", STATUS_MESSAGE_MS)
+        with self._changing_chats("Importing conversations"):
+            try:
+                ids = import_json(self.store, path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, TranscriptError) as error:
+                dialogs.show_error(self, "Import failed", f"{path.name} could not be imported: {error}")
+                return
+            if ids:
+                self.session.open(ids[0])
+            self.status.showMessage(f"Imported {len(ids)} conversation(s) from {path.name}", STATUS_MESSAGE_MS)
 
     # The model
 

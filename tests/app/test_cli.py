@@ -60,6 +60,26 @@ def test_export_all_then_import_recreates_everything(store: ConversationStore, t
     assert sorted(s.title for s in store.summaries()) == ["Birds", "Birds", "Trees", "Trees"]
 
 
+def test_an_import_the_disk_refuses_half_way_imports_nothing(
+    store: ConversationStore, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    out = tmp_path / "all.json"
+    assert main(["export", "--all", "--format", "json", "--out", str(out)]) == 0
+    insert = ConversationStore._insert_transcript
+    calls = []
+
+    def second_fails(self, *args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise sqlite3.OperationalError("database or disk is full")
+        return insert(self, *args)
+
+    monkeypatch.setattr(ConversationStore, "_insert_transcript", second_fails)
+    assert main(["import", str(out)]) == 1
+    assert "disk is full" in capsys.readouterr().err
+    assert sorted(s.title for s in store.summaries()) == ["Birds", "Trees"]
+
+
 def test_commands_fail_clearly(store: ConversationStore, tmp_path: Path, capsys) -> None:
     assert main(["export", "--conversation", "999", "--format", "md", "--out", str(tmp_path / "x.md")]) == 2
     assert "there is no conversation 999" in capsys.readouterr().err

@@ -179,47 +179,51 @@ class ConversationStore:
             "UPDATE messages SET state = ? WHERE state = ?", (INTERRUPTED, STREAMING)
         ).rowcount
 
-    def insert_transcript(self, conversation: Conversation, messages: Iterable[Message]) -> int:
-        """Recreate a conversation with its own timestamps. Ids in ``conversation`` and
-        ``messages`` are the transcript's; the database assigns new ones. Returns the new id."""
+    def insert_transcripts(self, transcripts: Iterable[tuple[Conversation, Iterable[Message]]]) -> list[int]:
+        """Recreate conversations with their own timestamps, all or none (a full disk half way
+        adds nothing). Ids in each conversation and its messages are the transcript's; the
+        database assigns new ones. Returns the new ids."""
         with transaction(self.connection):
+            return [self._insert_transcript(conversation, messages) for conversation, messages in transcripts]
+
+    def _insert_transcript(self, conversation: Conversation, messages: Iterable[Message]) -> int:
+        cursor = self.connection.execute(
+            "INSERT INTO conversations (title, system_prompt, sampling, model_id, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                conversation.title,
+                conversation.system_prompt,
+                json.dumps(conversation.sampling.to_dict()),
+                conversation.model_id,
+                conversation.created_at,
+                conversation.updated_at,
+            ),
+        )
+        new_conversation = int(cursor.lastrowid)
+        new_ids: dict[int, int] = {}
+        for message in messages:
             cursor = self.connection.execute(
-                "INSERT INTO conversations (title, system_prompt, sampling, model_id, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO messages (conversation_id, parent_id, role, content, state, error, model_id, stats,"
+                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    conversation.title,
-                    conversation.system_prompt,
-                    json.dumps(conversation.sampling.to_dict()),
-                    conversation.model_id,
-                    conversation.created_at,
-                    conversation.updated_at,
+                    new_conversation,
+                    None if message.parent_id is None else new_ids[message.parent_id],
+                    message.role,
+                    message.content,
+                    message.state,
+                    message.error,
+                    message.model_id,
+                    json.dumps(message.stats),
+                    message.created_at,
+                    message.updated_at,
                 ),
             )
-            new_conversation = int(cursor.lastrowid)
-            new_ids: dict[int, int] = {}
-            for message in messages:
-                cursor = self.connection.execute(
-                    "INSERT INTO messages (conversation_id, parent_id, role, content, state, error, model_id, stats,"
-                    " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        new_conversation,
-                        None if message.parent_id is None else new_ids[message.parent_id],
-                        message.role,
-                        message.content,
-                        message.state,
-                        message.error,
-                        message.model_id,
-                        json.dumps(message.stats),
-                        message.created_at,
-                        message.updated_at,
-                    ),
-                )
-                new_ids[message.id] = int(cursor.lastrowid)
-            leaf = conversation.current_leaf_id
-            self.connection.execute(
-                "UPDATE conversations SET current_leaf_id = ? WHERE id = ?",
-                (None if leaf is None else new_ids[leaf], new_conversation),
-            )
+            new_ids[message.id] = int(cursor.lastrowid)
+        leaf = conversation.current_leaf_id
+        self.connection.execute(
+            "UPDATE conversations SET current_leaf_id = ? WHERE id = ?",
+            (None if leaf is None else new_ids[leaf], new_conversation),
+        )
         return new_conversation
 
     def _update_conversation(self, conversation_id: int, assignments: str, values: tuple) -> None:

@@ -159,4 +159,4 @@ def _stats(stats: Fields) -> dict[str, Any]:
 
 def import_json(store: ConversationStore, text: str) -> list[int]:
     """Recreate every conversation of a JSON transcript; returns their new ids."""
-    return [store.insert_transcript(t.conversation, t.messages) for t in from_json(text)]
+    return store.insert_transcripts((t.conversation, t.messages) for t in from_json(text))
