@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 
 from .child_process import exit_with_parent
 from .disk_space import check_disk_space
-from .hub_errors import DISK_FULL, FAILED, NO_WEIGHTS, UNSUPPORTED, VERIFY, HubRefusal, describe
+from .hub_errors import DISK_FULL, INVALID, NO_WEIGHTS, UNSUPPORTED, VERIFY, HubRefusal, describe
 from .json_file import StoredFileError, read_json, write_json
 from .model_folders import SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION
 from .repo_files import INDEX_FILE, RemoteFile, download_set, remote_files, total_size
@@ -88,7 +88,9 @@ def run(repo_id: str, revision: str, staging: Path, target: Path, report: Report
     from huggingface_hub import HfApi
 
     if target.exists():
-        raise HubRefusal(FAILED, f"{target} already exists; delete it from the library first")
+        if _finished_here(target, repo_id, revision):
+            return target  # moved there by a run whose "done" the app did not read (it quit or crashed then)
+        raise HubRefusal(INVALID, f"{target} already exists and is not this download; move or delete it, then resume")
     try:
         info = HfApi(endpoint=endpoint).model_info(repo_id, revision=revision, files_metadata=True)
     except Exception as error:  # noqa: BLE001 - describe() re-raises what it does not know
@@ -137,6 +139,15 @@ def run(repo_id: str, revision: str, staging: Path, target: Path, report: Report
     target.parent.mkdir(parents=True, exist_ok=True)
     os.replace(staging, target)
     return target
+
+
+def _finished_here(target: Path, repo_id: str, revision: str) -> bool:
+    """``target`` is this download's result: ``completed`` is written after every check passed."""
+    try:
+        source = read_json(target / SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION) or {}
+    except StoredFileError:
+        return False
+    return source.get("repo_id") == repo_id and source.get("revision") == revision and "completed" in source
 
 
 def _complete(staging: Path, file: RemoteFile) -> bool:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from seqmoe_chat.models import download_job
-from seqmoe_chat.models.hub_errors import DISK_FULL, HubRefusal
+from seqmoe_chat.models.hub_errors import DISK_FULL, INVALID, RETRYABLE, HubRefusal
 from seqmoe_chat.models.model_folders import SOURCE_FILE
 
 from .conftest import TINY
@@ -32,6 +32,16 @@ def test_a_download_lands_verified_in_its_folder(hub, tmp_path: Path, tiny_repo:
     assert kinds[0] == "plan" and kinds[-1] == "verifying" and "progress" in kinds
     plan = events(out)[0]
     assert plan["total_bytes"] == sum(p.stat().st_size for p in tiny_repo.iterdir() if p.is_file())
+
+
+def test_a_folder_in_the_way_that_is_not_this_download_is_refused_once(hub, tmp_path: Path) -> None:
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "notes.txt").write_text("mine")
+    with pytest.raises(HubRefusal) as refused:
+        download_job.run(TINY, "main", tmp_path / "partial", tmp_path / "done", download_job.Reporter(io.StringIO()))
+    assert refused.value.kind == INVALID and refused.value.kind not in RETRYABLE
+    assert str(refused.value) == f"{tmp_path / 'done'} already exists and is not this download; move or delete it, then resume"
+    assert (tmp_path / "done" / "notes.txt").read_text() == "mine" and not hub.requests
 
 
 def test_too_little_disk_space_is_refused_before_any_weight(hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

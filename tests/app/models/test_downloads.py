@@ -5,6 +5,7 @@ model, a full disk."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -12,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from seqmoe_chat.models.download_queue import CANCELLED, DONE, FAILED, QUEUED, DownloadEntry
+from seqmoe_chat.models.download_queue import CANCELLED, DONE, FAILED, QUEUED, RUNNING, DownloadEntry, DownloadQueue
 from seqmoe_chat.models.download_runner import DownloadRunner, RetryPolicy
 from seqmoe_chat.models.hub_check import save_token
 from seqmoe_chat.models.hub_errors import DISK_FULL, GATED, INVALID, HubRefusal
-from seqmoe_chat.models.model_folders import staging_dir, target_dir
+from seqmoe_chat.models.json_file import write_json
+from seqmoe_chat.models.model_folders import SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION, staging_dir, target_dir
 
 from .conftest import GATED as GATED_REPO
 from .conftest import TINY
@@ -116,6 +118,21 @@ def test_a_crashed_app_leaves_no_download_running(hub, data_dir: Path) -> None:
         assert time.monotonic() < deadline, "the child outlived its parent's pipe"
         time.sleep(0.05)
     assert DownloadRunner(data_dir).queue.get(TINY).state == QUEUED
+
+
+def test_a_download_moved_into_place_as_the_app_quit_is_done_at_the_next_start(hub, data_dir: Path, tiny_repo: Path) -> None:
+    queue = DownloadQueue(data_dir)
+    queue.add(TINY, "main").state = RUNNING
+    queue.save()
+    # What the download process leaves after its last step, the move; its "done" was never read.
+    folder = shutil.copytree(tiny_repo, target_dir(data_dir, TINY))
+    write_json(folder / SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION,
+               {"repo_id": TINY, "revision": "main", "commit": "c" * 40, "completed": "2025-01-01T00:00:00+0000"})
+    runner = DownloadRunner(data_dir, policy=FAST_RETRY)
+    entry = runner.queue.get(TINY)
+    run_until(runner, finished(runner, TINY))
+    assert entry.state == DONE and entry.attempts == 0 and Path(entry.path) == folder, entry.message
+    assert runner.finished == [entry] and not hub.requests
 
 
 def test_a_stalled_transfer_is_stopped_and_retried(hub, data_dir: Path, tiny_repo: Path) -> None:
