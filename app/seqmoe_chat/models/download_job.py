@@ -31,7 +31,7 @@ from .disk_space import check_disk_space
 from .hub_errors import DISK_FULL, INVALID, NO_WEIGHTS, UNSUPPORTED, VERIFY, HubRefusal, describe
 from .json_file import StoredFileError, read_json, write_json
 from .model_folders import SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION
-from .repo_files import INDEX_FILE, RemoteFile, download_set, remote_files, total_size
+from .repo_files import HUB_TIMEOUT_S, INDEX_FILE, RemoteFile, download_set, remote_files, total_size
 
 PROGRESS_INTERVAL_S = 0.25
 TRANSFER_CHUNK = 2**20
@@ -92,7 +92,7 @@ def run(repo_id: str, revision: str, staging: Path, target: Path, report: Report
             return target  # moved there by a run whose "done" the app did not read (it quit or crashed then)
         raise HubRefusal(INVALID, f"{target} already exists and is not this download; move or delete it, then resume")
     try:
-        info = HfApi(endpoint=endpoint).model_info(repo_id, revision=revision, files_metadata=True)
+        info = HfApi(endpoint=endpoint).model_info(repo_id, revision=revision, files_metadata=True, timeout=HUB_TIMEOUT_S)
     except Exception as error:  # noqa: BLE001 - describe() re-raises what it does not know
         raise describe(error, repo_id, revision) from None
     commit = info.sha or revision

@@ -27,6 +27,7 @@ SAVE_INTERVAL_S = 5.0
 @dataclass(frozen=True)
 class RetryPolicy:
     stall_s: float = 60.0  # no byte for this long while transferring: stop and try again
+    start_s: float = 90.0  # no plan this long after the start (the file listing waits HUB_TIMEOUT_S): the same
     max_attempts: int = 5
     backoff_s: tuple[float, ...] = (5.0, 15.0, 45.0, 120.0)
 
@@ -52,6 +53,7 @@ class DownloadRunner:
         self._active: tuple[DownloadEntry, ChildProcess] | None = None
         self._transferring = False
         self._last_bytes_at = 0.0
+        self._started_at: float | None = None  # until the child's plan arrives
         self._last_save = 0.0
         self._error: tuple[str, str] | None = None
         self._stderr_tail = ""
@@ -140,7 +142,7 @@ class DownloadRunner:
             self._fail(entry, FAILED_KIND, f"the download process could not start: {error.strerror or error}", now)
             return
         self._active = (entry, child)
-        self._transferring, self._error, self._stderr_tail = False, None, ""
+        self._transferring, self._error, self._stderr_tail, self._started_at = False, None, "", now
         entry.state, entry.message = RUNNING, "Starting"
         self._rates[entry.repo_id] = TransferRate()
         self._save()
@@ -158,10 +160,11 @@ class DownloadRunner:
             child.terminate()
             self._active = None
             return
-        if self._transferring and now - self._last_bytes_at > self.policy.stall_s:
+        stalled = self._stall(now)
+        if stalled:
             child.terminate()
             self._active = None
-            self._fail(entry, STALLED, f"no data arrived for {self.policy.stall_s:.0f} s", now)
+            self._fail(entry, STALLED, stalled, now)
             return
         if code is None:
             return
@@ -172,6 +175,14 @@ class DownloadRunner:
             tail = f": {self._stderr_tail}" if self._stderr_tail else ""
             self._fail(entry, FAILED_KIND, f"the download process stopped unexpectedly (exit status {code}){tail}", now)
 
+    def _stall(self, now: float) -> str:
+        """Why the child is taken for stuck, or "" while it is not."""
+        if self._transferring and now - self._last_bytes_at > self.policy.stall_s:
+            return f"no data arrived for {self.policy.stall_s:.0f} s"
+        if self._started_at is not None and now - self._started_at > self.policy.start_s:
+            return f"the hub did not list the model's files within {self.policy.start_s:.0f} s"
+        return ""
+
     def _on_event(self, entry: DownloadEntry, line: str, now: float) -> None:
         try:
             event = json.loads(line)
@@ -181,6 +192,7 @@ class DownloadRunner:
         if kind in ("plan", "progress"):
             if kind == "plan" or event["done_bytes"] > entry.done_bytes:
                 self._last_bytes_at = now
+            self._started_at = None
             self._transferring = True
             entry.total_bytes, entry.done_bytes = event["total_bytes"], event["done_bytes"]
             entry.message = "Downloading"

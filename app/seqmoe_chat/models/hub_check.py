@@ -14,7 +14,7 @@ from urllib.parse import unquote
 from ..engine_import import import_engine
 from .hub_errors import INVALID, NO_WEIGHTS, UNSUPPORTED, HubRefusal, describe
 from .model_shape import ModelShape, shape_of_skeleton
-from .repo_files import INDEX_FILE, RemoteFile, download_set, remote_files, total_size
+from .repo_files import HUB_TIMEOUT_S, INDEX_FILE, RemoteFile, download_set, remote_files, total_size
 
 _HUB_URL = re.compile(
     r"^(?:https?://)?(?:www\.)?(?:huggingface\.co|hf\.co)/(?P<repo>[^/\s?#]+/[^/\s?#]+)"
@@ -56,10 +56,6 @@ def parse_reference(text: str) -> HubReference:
     if not _REPO_ID.match(repo_id) or ".." in repo_id:
         raise HubRefusal(INVALID, f"{text!r} is not a hub id (owner/name) or a huggingface.co model address")
     return HubReference(repo_id, revision)
-
-
-HUB_TIMEOUT_S = 30.0
-"""How long the check waits for the hub's file listing (huggingface_hub's client waits forever)."""
 
 
 def check_repo(reference: HubReference, endpoint: str | None = None) -> HubModel:

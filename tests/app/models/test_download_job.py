@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from seqmoe_chat.models import download_job
-from seqmoe_chat.models.hub_errors import DISK_FULL, INVALID, RETRYABLE, HubRefusal
+from seqmoe_chat.models.hub_errors import DISK_FULL, INVALID, OFFLINE, RETRYABLE, HubRefusal
 from seqmoe_chat.models.model_folders import SOURCE_FILE
 
 from .conftest import TINY
@@ -42,6 +42,14 @@ def test_a_folder_in_the_way_that_is_not_this_download_is_refused_once(hub, tmp_
     assert refused.value.kind == INVALID and refused.value.kind not in RETRYABLE
     assert str(refused.value) == f"{tmp_path / 'done'} already exists and is not this download; move or delete it, then resume"
     assert (tmp_path / "done" / "notes.txt").read_text() == "mine" and not hub.requests
+
+
+def test_a_hub_that_does_not_list_the_files_is_given_up_on(hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub.listing_delay_s = 3.0
+    monkeypatch.setattr(download_job, "HUB_TIMEOUT_S", 0.5)
+    with pytest.raises(HubRefusal) as refused:
+        download_job.run(TINY, "main", tmp_path / "partial", tmp_path / "done", download_job.Reporter(io.StringIO()))
+    assert refused.value.kind == OFFLINE and "cannot be reached" in str(refused.value)
 
 
 def test_too_little_disk_space_is_refused_before_any_weight(hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from seqmoe_chat.models.download_queue import CANCELLED, DONE, FAILED, QUEUED, RUNNING, DownloadEntry, DownloadQueue
+from seqmoe_chat.models.download_queue import CANCELLED, DONE, FAILED, QUEUED, RUNNING, WAITING, DownloadEntry, DownloadQueue
 from seqmoe_chat.models.download_runner import DownloadRunner, RetryPolicy
 from seqmoe_chat.models.hub_check import save_token
 from seqmoe_chat.models.hub_errors import DISK_FULL, GATED, INVALID, HubRefusal
@@ -143,6 +143,15 @@ def test_a_stalled_transfer_is_stopped_and_retried(hub, data_dir: Path, tiny_rep
     run_until(runner, lambda: messages.append(entry.message) or transferred(runner, TINY)())
     assert entry.state != FAILED, entry.message
     assert any("no data arrived for 2 s" in m and "attempt 2 of 3" in m for m in messages), set(messages)
+    runner.cancel(TINY)
+
+
+def test_a_download_whose_file_listing_never_comes_is_stopped_and_retried(hub, data_dir: Path) -> None:
+    hub.listing_delay_s = 5.0
+    runner = DownloadRunner(data_dir, policy=RetryPolicy(start_s=1.0, max_attempts=3, backoff_s=(10.0,)))
+    entry = runner.enqueue(TINY)
+    run_until(runner, lambda: entry.state == WAITING, timeout=20.0)
+    assert entry.message.startswith("the hub did not list the model's files within 1 s; trying again"), entry.message
     runner.cancel(TINY)
 
 
