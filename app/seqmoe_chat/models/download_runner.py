@@ -48,7 +48,7 @@ class DownloadRunner:
         self.command = list(command)
         self.policy = policy
         self.clock = clock
-        self.notice = self.queue.notice
+        self._save_problem = ""
         self.finished: list[DownloadEntry] = []  # completed since the GUI last took them
         self._active: tuple[DownloadEntry, ChildProcess] | None = None
         self._transferring = False
@@ -59,6 +59,11 @@ class DownloadRunner:
         self._stderr_tail = ""
         self._retry_at: dict[str, float] = {}
         self._rates: dict[str, TransferRate] = {}
+
+    @property
+    def notice(self) -> str:
+        """Why the queue could not be saved lately, else why the stored one could not be used."""
+        return self._save_problem or self.queue.notice
 
     @property
     def entries(self) -> list[DownloadEntry]:
@@ -78,7 +83,10 @@ class DownloadRunner:
         staging = staging_dir(self.data_dir, repo_id)
         kept = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file()) if staging.exists() else 0
         check_disk_space(staging, total_bytes - kept)
-        entry = self.queue.add(repo_id, revision, total_bytes)
+        try:
+            entry = self.queue.add(repo_id, revision, total_bytes)
+        except OSError as error:
+            raise HubRefusal(FAILED_KIND, f"the download queue could not be saved: {error.strerror or error}") from None
         self._retry_at.pop(repo_id, None)
         return entry
 
@@ -229,4 +237,6 @@ class DownloadRunner:
         try:
             self.queue.save()
         except OSError as error:  # a full disk must not stop the app; the queue is saved next time
-            self.notice = f"The download queue could not be saved: {error.strerror or error}"
+            self._save_problem = f"The download queue could not be saved: {error.strerror or error}"
+        else:
+            self._save_problem = ""

@@ -4,6 +4,7 @@ model, a full disk."""
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import sys
@@ -191,6 +192,38 @@ def test_too_little_disk_space_is_refused_when_queued(hub, data_dir: Path, monke
         runner.enqueue(TINY, total_bytes=5 * 10**9)
     assert refused.value.kind == DISK_FULL and "5.00 GB still to download, 0.00 GB free" in str(refused.value)
     assert runner.entries == [] and not hub.requests
+
+
+def full_disk(*args, **kwargs) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_download_whose_queue_cannot_be_saved_is_not_queued_and_says_why(data_dir: Path, monkeypatch) -> None:
+    from seqmoe_chat.models import download_queue
+
+    runner = DownloadRunner(data_dir)
+    runner.enqueue(TINY)
+    runner.cancel(TINY)
+    monkeypatch.setattr(download_queue, "write_json", full_disk)
+    for repo_id in (TINY, "seqmoe-tests/other-moe"):  # queued again, and a new one
+        with pytest.raises(HubRefusal, match="^the download queue could not be saved: No space left on device$"):
+            runner.enqueue(repo_id)
+    assert [(e.repo_id, e.state) for e in runner.entries] == [(TINY, CANCELLED)] and not runner.busy
+    monkeypatch.setattr(download_queue, "write_json", write_json)
+    assert runner.enqueue("seqmoe-tests/other-moe").state == QUEUED  # not "already being downloaded"
+
+
+def test_the_notice_that_the_queue_could_not_be_saved_goes_once_it_is_saved(data_dir: Path, monkeypatch) -> None:
+    from seqmoe_chat.models import download_queue
+
+    runner = DownloadRunner(data_dir)
+    runner.enqueue(TINY)
+    monkeypatch.setattr(download_queue, "write_json", full_disk)
+    runner.cancel(TINY)
+    assert runner.notice == "The download queue could not be saved: No space left on device"
+    monkeypatch.setattr(download_queue, "write_json", write_json)
+    runner.resume(TINY)
+    assert runner.notice == ""
 
 
 def test_a_damaged_queue_file_is_kept_aside_and_reported(data_dir: Path) -> None:
