@@ -36,6 +36,7 @@ class LibraryModel:
     size_bytes: int
     repo_id: str = ""
     revision: str = ""  # the commit of a Hugging Face cache snapshot
+    missing: bool = False  # an imported folder moved or deleted since: listed to be taken off, not to be loaded
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,9 @@ class Library:
         from seqmoe.resources import demo_model_dir
 
         found = [*self._downloaded(), *(self._hub_cache() if include_hub_cache else [])]
-        found += [LibraryModel(p.name, p, IMPORTED, _size(p)) for p in self.imported]
+        # Kept on the list, not dropped: a folder on a drive not plugged in now comes back with it.
+        found += [LibraryModel(p.name, p, IMPORTED, _size(p), missing=not (p / "config.json").is_file())
+                  for p in self.imported]
         demo = demo_model_dir()
         if (demo / "config.json").is_file():
             found.append(LibraryModel("SeqMoE demo", demo, BUNDLED, _size(demo)))
@@ -97,6 +100,8 @@ class Library:
                 scan_cache_dir().delete_revisions(model.revision).execute()
             else:
                 shutil.rmtree(model.path)
+        except FileNotFoundError:
+            pass  # deleted by hand since it was listed: gone, as asked
         except OSError as error:
             raise LibraryError(f"{model.path} could not be deleted: {error.strerror or error}") from None
 

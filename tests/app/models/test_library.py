@@ -82,6 +82,25 @@ def test_an_imported_folder_is_checked_listed_and_only_forgotten(data_dir: Path,
     assert not by_source(Library(data_dir), IMPORTED) and (tiny_repo / "config.json").is_file()
 
 
+def test_an_imported_folder_moved_away_since_is_listed_as_missing(data_dir: Path, tiny_repo: Path, tmp_path: Path) -> None:
+    mine = shutil.copytree(tiny_repo, tmp_path / "mine")
+    Library(data_dir).import_folder(mine)
+    shutil.move(mine, tmp_path / "moved")
+    (model,) = by_source(Library(data_dir), IMPORTED)
+    assert model.path == mine and model.missing and model.size_bytes == 0
+    shutil.move(tmp_path / "moved", mine)  # the drive is plugged in again
+    assert not by_source(Library(data_dir), IMPORTED)[0].missing
+
+
+def test_a_model_whose_folder_is_already_gone_is_deleted_without_error(data_dir: Path, tiny_repo: Path) -> None:
+    folder = downloaded(data_dir, tiny_repo)
+    library = Library(data_dir)
+    (model,) = by_source(library, DOWNLOADED)
+    shutil.rmtree(folder)  # by hand, after it was listed
+    library.delete(model)
+    assert not by_source(library, DOWNLOADED)
+
+
 def test_a_folder_whose_weights_are_not_the_sizes_its_config_gives_is_not_imported(
     data_dir: Path, tiny_repo: Path, tmp_path: Path
 ) -> None:
