@@ -134,7 +134,7 @@ def run(repo_id: str, revision: str, staging: Path, target: Path, report: Report
         report.progress(finished, total, file.path, final=True)
     report.send("verifying", total_bytes=total)
     _verify(staging, chosen)
-    _check_loadable(staging)
+    _check_loadable(staging, repo_id)
     _finish_source(staging)
     target.parent.mkdir(parents=True, exist_ok=True)
     os.replace(staging, target)
@@ -230,7 +230,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _check_loadable(staging: Path) -> None:
+def _check_loadable(staging: Path, repo_id: str) -> None:
     from seqmoe.errors import ModelRefused
 
     from .folder_check import check_model_folder
@@ -238,7 +238,9 @@ def _check_loadable(staging: Path) -> None:
     try:
         check_model_folder(staging)
     except ModelRefused as error:
-        raise HubRefusal(UNSUPPORTED, f"the downloaded model does not open: {error}") from None
+        # The loader names the folder it checked: the staging folder means nothing to the person.
+        reason = str(error).replace(str(staging), repo_id).replace(staging.name, repo_id)
+        raise HubRefusal(UNSUPPORTED, f"the downloaded model does not open: {reason}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

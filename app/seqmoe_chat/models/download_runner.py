@@ -229,7 +229,8 @@ class DownloadRunner:
         else:
             entry.state = FAILED
             given_up = f" (gave up after {entry.attempts} attempts)" if kind in RETRYABLE else ""
-            entry.message = f"{message}{given_up}; the files downloaded so far are kept"
+            kept = "; the files downloaded so far are kept" if entry.done_bytes else ""
+            entry.message = f"{message}{given_up}{kept}"
         self._save()
 
     def _save(self) -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from seqmoe_chat.models import download_job
-from seqmoe_chat.models.hub_errors import DISK_FULL, INVALID, OFFLINE, RETRYABLE, HubRefusal
+from seqmoe_chat.models.hub_errors import DISK_FULL, INVALID, OFFLINE, RETRYABLE, UNSUPPORTED, HubRefusal
 from seqmoe_chat.models.model_folders import SOURCE_FILE
 
-from .conftest import TINY
+from .conftest import REMOTE_CODE, TINY
 
 
 def events(stream: io.StringIO) -> list[dict]:
@@ -52,6 +52,14 @@ def test_a_hub_that_does_not_list_the_files_is_given_up_on(hub, tmp_path: Path, 
     assert refused.value.kind == OFFLINE and "cannot be reached" in str(refused.value)
 
 
+def test_a_download_that_does_not_open_is_refused_by_its_repository_name(hub, tmp_path: Path) -> None:
+    staging = tmp_path / "seqmoe-tests--remote-code-moe"
+    with pytest.raises(HubRefusal) as refused:
+        download_job.run(REMOTE_CODE, "main", staging, tmp_path / "done", download_job.Reporter(io.StringIO()))
+    assert refused.value.kind == UNSUPPORTED and staging.name not in str(refused.value)
+    assert str(refused.value).startswith(f"the downloaded model does not open: {REMOTE_CODE} needs its own remote code")
+
+
 def test_too_little_disk_space_is_refused_before_any_weight(hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from seqmoe_chat.models import disk_space
 
@@ -82,7 +90,7 @@ def test_a_download_resumed_after_the_repository_moved_on_installs_the_new_commi
     staging, target = tmp_path / "partial", tmp_path / "done"
     refuse = HubRefusal(DISK_FULL, "stopped for the test after every file arrived")
     with monkeypatch.context() as patched, pytest.raises(HubRefusal):
-        patched.setattr(download_job, "_check_loadable", lambda folder: (_ for _ in ()).throw(refuse))
+        patched.setattr(download_job, "_check_loadable", lambda folder, repo_id: (_ for _ in ()).throw(refuse))
         download_job.run(TINY, "main", staging, target, download_job.Reporter(io.StringIO()))
     # A new commit changes the config without changing its size (no checksum on the hub for it).
     repo = hub.repos[TINY]
