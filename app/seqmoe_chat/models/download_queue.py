@@ -57,6 +57,8 @@ class DownloadQueue:
             if entry.state in (RUNNING, WAITING):
                 # The app stopped while it ran: its files are kept, so it continues where it was.
                 entry.state, entry.attempts = QUEUED, 0
+            if entry.state == DONE and not Path(entry.path).is_dir():
+                continue  # the model was deleted since: "Downloaded and verified" would point at nothing
             self.entries.append(entry)
 
     def get(self, repo_id: str) -> DownloadEntry | None:

@@ -112,6 +112,11 @@ class DownloadRunner:
         shutil.rmtree(staging_dir(self.data_dir, repo_id), ignore_errors=True)
         self.queue.remove(repo_id)
 
+    def forget_finished(self, folder: Path) -> None:
+        """Drop the finished download of ``folder``, a model just deleted."""
+        self.queue.entries = [e for e in self.entries if not (e.state == DONE and Path(e.path) == folder)]
+        self._save()
+
     def speed(self, repo_id: str) -> float:
         rate = self._rates.get(repo_id)
         return rate.bytes_per_s() if rate else 0.0
