@@ -436,7 +436,8 @@ class MainWindow(QMainWindow):
         self._models_dialog.open_tab()
 
     def _on_library_changed(self, items: list) -> None:
-        self.model_bar.set_library([(i.model.name, str(i.model.path)) for i in items if i.model.source != BUNDLED])
+        self.model_bar.set_library([(i.model.name, str(i.model.path)) for i in items
+                                    if i.model.source != BUNDLED and not i.model.missing])
 
     def _on_model_deleted(self, folder: str) -> None:
         # Still listed, or opened at the next start, it would only fail to load.

@@ -73,7 +73,8 @@ class LibraryTab(QWidget):
         self.table.setRowCount(len(items))
         for row, item in enumerate(items):
             model = item.model
-            cells = (model.name, model.source, size_text(model.size_bytes), item.predictor.summary, str(model.path))
+            size = "folder missing" if model.missing else size_text(model.size_bytes)
+            cells = (model.name, model.source, size, item.predictor.summary, str(model.path))
             for column, text in enumerate(cells):
                 self.table.setItem(row, column, QTableWidgetItem(text))
             if chosen is not None and model.path == chosen.model.path:
@@ -95,7 +96,7 @@ class LibraryTab(QWidget):
 
     def load(self) -> None:
         item = self.selected()
-        if item is not None:
+        if item is not None and not item.model.missing:
             self.sig_load_requested.emit("" if item.model.source == BUNDLED else str(item.model.path))
 
     def calibrate(self) -> None:
@@ -149,8 +150,9 @@ class LibraryTab(QWidget):
     def _update_buttons(self) -> None:
         item = self.selected()
         calibrating = self.manager.calibration.busy
-        self.buttons["Load"].setEnabled(item is not None)
-        self.buttons["Calibrate"].setEnabled(item is not None and not calibrating)
+        present = item is not None and not item.model.missing
+        self.buttons["Load"].setEnabled(present)
+        self.buttons["Calibrate"].setEnabled(present and not calibrating)
         self.buttons["Cancel calibration"].setVisible(calibrating)
-        self.buttons["Reveal"].setEnabled(item is not None)
+        self.buttons["Reveal"].setEnabled(present)
         self.buttons["Delete…"].setEnabled(item is not None and item.model.source != BUNDLED)

@@ -99,6 +99,8 @@ class ModelManager(QObject):
             raise LibraryError(f"{item.model.name} is being calibrated; cancel that first")
         self.library.delete(item.model)
         if not item.model.path.exists():  # an imported folder only leaves the list: its files stay
+            self.downloads.forget_finished(item.model.path)
+            self.sig_downloads_changed.emit()
             self.sig_model_deleted.emit(str(item.model.path))
         self.refresh_library()
 

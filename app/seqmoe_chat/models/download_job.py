@@ -28,10 +28,10 @@ from typing import Any, BinaryIO
 
 from .child_process import exit_with_parent
 from .disk_space import check_disk_space
-from .hub_errors import DISK_FULL, FAILED, NO_WEIGHTS, UNSUPPORTED, VERIFY, HubRefusal, describe
+from .hub_errors import DISK_FULL, INVALID, NO_WEIGHTS, UNSUPPORTED, VERIFY, HubRefusal, describe
 from .json_file import StoredFileError, read_json, write_json
 from .model_folders import SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION
-from .repo_files import INDEX_FILE, RemoteFile, download_set, remote_files, total_size
+from .repo_files import HUB_TIMEOUT_S, INDEX_FILE, RemoteFile, download_set, remote_files, total_size
 
 PROGRESS_INTERVAL_S = 0.25
 TRANSFER_CHUNK = 2**20
@@ -88,9 +88,11 @@ def run(repo_id: str, revision: str, staging: Path, target: Path, report: Report
     from huggingface_hub import HfApi
 
     if target.exists():
-        raise HubRefusal(FAILED, f"{target} already exists; delete it from the library first")
+        if _finished_here(target, repo_id, revision):
+            return target  # moved there by a run whose "done" the app did not read (it quit or crashed then)
+        raise HubRefusal(INVALID, f"{target} already exists and is not this download; move or delete it, then resume")
     try:
-        info = HfApi(endpoint=endpoint).model_info(repo_id, revision=revision, files_metadata=True)
+        info = HfApi(endpoint=endpoint).model_info(repo_id, revision=revision, files_metadata=True, timeout=HUB_TIMEOUT_S)
     except Exception as error:  # noqa: BLE001 - describe() re-raises what it does not know
         raise describe(error, repo_id, revision) from None
     commit = info.sha or revision
@@ -132,11 +134,20 @@ def run(repo_id: str, revision: str, staging: Path, target: Path, report: Report
         report.progress(finished, total, file.path, final=True)
     report.send("verifying", total_bytes=total)
     _verify(staging, chosen)
-    _check_loadable(staging)
+    _check_loadable(staging, repo_id)
     _finish_source(staging)
     target.parent.mkdir(parents=True, exist_ok=True)
     os.replace(staging, target)
     return target
+
+
+def _finished_here(target: Path, repo_id: str, revision: str) -> bool:
+    """``target`` is this download's result: ``completed`` is written after every check passed."""
+    try:
+        source = read_json(target / SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION) or {}
+    except StoredFileError:
+        return False
+    return source.get("repo_id") == repo_id and source.get("revision") == revision and "completed" in source
 
 
 def _complete(staging: Path, file: RemoteFile) -> bool:
@@ -219,7 +230,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _check_loadable(staging: Path) -> None:
+def _check_loadable(staging: Path, repo_id: str) -> None:
     from seqmoe.errors import ModelRefused
 
     from .folder_check import check_model_folder
@@ -227,7 +238,9 @@ def _check_loadable(staging: Path) -> None:
     try:
         check_model_folder(staging)
     except ModelRefused as error:
-        raise HubRefusal(UNSUPPORTED, f"the downloaded model does not open: {error}") from None
+        # The loader names the folder it checked: the staging folder means nothing to the person.
+        reason = str(error).replace(str(staging), repo_id).replace(staging.name, repo_id)
+        raise HubRefusal(UNSUPPORTED, f"the downloaded model does not open: {reason}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,7 +4,7 @@ that it survives a restart, a crash or an update of the app."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,20 +57,25 @@ class DownloadQueue:
             if entry.state in (RUNNING, WAITING):
                 # The app stopped while it ran: its files are kept, so it continues where it was.
                 entry.state, entry.attempts = QUEUED, 0
+            if entry.state == DONE and not Path(entry.path).is_dir():
+                continue  # the model was deleted since: "Downloaded and verified" would point at nothing
             self.entries.append(entry)
 
     def get(self, repo_id: str) -> DownloadEntry | None:
         return next((e for e in self.entries if e.repo_id == repo_id), None)
 
     def add(self, repo_id: str, revision: str, total_bytes: int = 0) -> DownloadEntry:
-        entry = self.get(repo_id)
-        if entry is None:
+        """Queue ``repo_id`` (again); raises ``OSError`` if that cannot be saved, and then nothing changed."""
+        previous = self.get(repo_id)
+        if previous is None:
             entry = DownloadEntry(repo_id, revision, total_bytes=total_bytes)
-            self.entries.append(entry)
+            entries = [*self.entries, entry]
         else:
-            entry.revision, entry.state, entry.attempts, entry.message, entry.error_kind = revision, QUEUED, 0, "", ""
-            entry.total_bytes = total_bytes or entry.total_bytes
-        self.save()
+            entry = replace(previous, revision=revision, state=QUEUED, attempts=0, message="", error_kind="",
+                            total_bytes=total_bytes or previous.total_bytes)
+            entries = [entry if e is previous else e for e in self.entries]
+        self._write(entries)
+        self.entries = entries
         return entry
 
     def remove(self, repo_id: str) -> None:
@@ -78,4 +83,7 @@ class DownloadQueue:
         self.save()
 
     def save(self) -> None:
-        write_json(self.path, QUEUE_FORMAT, QUEUE_VERSION, {"entries": [asdict(e) for e in self.entries]})
+        self._write(self.entries)
+
+    def _write(self, entries: list[DownloadEntry]) -> None:
+        write_json(self.path, QUEUE_FORMAT, QUEUE_VERSION, {"entries": [asdict(e) for e in entries]})

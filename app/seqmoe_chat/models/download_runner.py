@@ -27,6 +27,7 @@ SAVE_INTERVAL_S = 5.0
 @dataclass(frozen=True)
 class RetryPolicy:
     stall_s: float = 60.0  # no byte for this long while transferring: stop and try again
+    start_s: float = 90.0  # no plan this long after the start (the file listing waits HUB_TIMEOUT_S): the same
     max_attempts: int = 5
     backoff_s: tuple[float, ...] = (5.0, 15.0, 45.0, 120.0)
 
@@ -47,16 +48,22 @@ class DownloadRunner:
         self.command = list(command)
         self.policy = policy
         self.clock = clock
-        self.notice = self.queue.notice
+        self._save_problem = ""
         self.finished: list[DownloadEntry] = []  # completed since the GUI last took them
         self._active: tuple[DownloadEntry, ChildProcess] | None = None
         self._transferring = False
         self._last_bytes_at = 0.0
+        self._started_at: float | None = None  # until the child's plan arrives
         self._last_save = 0.0
         self._error: tuple[str, str] | None = None
         self._stderr_tail = ""
         self._retry_at: dict[str, float] = {}
         self._rates: dict[str, TransferRate] = {}
+
+    @property
+    def notice(self) -> str:
+        """Why the queue could not be saved lately, else why the stored one could not be used."""
+        return self._save_problem or self.queue.notice
 
     @property
     def entries(self) -> list[DownloadEntry]:
@@ -76,7 +83,10 @@ class DownloadRunner:
         staging = staging_dir(self.data_dir, repo_id)
         kept = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file()) if staging.exists() else 0
         check_disk_space(staging, total_bytes - kept)
-        entry = self.queue.add(repo_id, revision, total_bytes)
+        try:
+            entry = self.queue.add(repo_id, revision, total_bytes)
+        except OSError as error:
+            raise HubRefusal(FAILED_KIND, f"the download queue could not be saved: {error.strerror or error}") from None
         self._retry_at.pop(repo_id, None)
         return entry
 
@@ -101,6 +111,11 @@ class DownloadRunner:
         self.cancel(repo_id)
         shutil.rmtree(staging_dir(self.data_dir, repo_id), ignore_errors=True)
         self.queue.remove(repo_id)
+
+    def forget_finished(self, folder: Path) -> None:
+        """Drop the finished download of ``folder``, a model just deleted."""
+        self.queue.entries = [e for e in self.entries if not (e.state == DONE and Path(e.path) == folder)]
+        self._save()
 
     def speed(self, repo_id: str) -> float:
         rate = self._rates.get(repo_id)
@@ -140,7 +155,7 @@ class DownloadRunner:
             self._fail(entry, FAILED_KIND, f"the download process could not start: {error.strerror or error}", now)
             return
         self._active = (entry, child)
-        self._transferring, self._error, self._stderr_tail = False, None, ""
+        self._transferring, self._error, self._stderr_tail, self._started_at = False, None, "", now
         entry.state, entry.message = RUNNING, "Starting"
         self._rates[entry.repo_id] = TransferRate()
         self._save()
@@ -158,10 +173,11 @@ class DownloadRunner:
             child.terminate()
             self._active = None
             return
-        if self._transferring and now - self._last_bytes_at > self.policy.stall_s:
+        stalled = self._stall(now)
+        if stalled:
             child.terminate()
             self._active = None
-            self._fail(entry, STALLED, f"no data arrived for {self.policy.stall_s:.0f} s", now)
+            self._fail(entry, STALLED, stalled, now)
             return
         if code is None:
             return
@@ -172,6 +188,14 @@ class DownloadRunner:
             tail = f": {self._stderr_tail}" if self._stderr_tail else ""
             self._fail(entry, FAILED_KIND, f"the download process stopped unexpectedly (exit status {code}){tail}", now)
 
+    def _stall(self, now: float) -> str:
+        """Why the child is taken for stuck, or "" while it is not."""
+        if self._transferring and now - self._last_bytes_at > self.policy.stall_s:
+            return f"no data arrived for {self.policy.stall_s:.0f} s"
+        if self._started_at is not None and now - self._started_at > self.policy.start_s:
+            return f"the hub did not list the model's files within {self.policy.start_s:.0f} s"
+        return ""
+
     def _on_event(self, entry: DownloadEntry, line: str, now: float) -> None:
         try:
             event = json.loads(line)
@@ -181,6 +205,7 @@ class DownloadRunner:
         if kind in ("plan", "progress"):
             if kind == "plan" or event["done_bytes"] > entry.done_bytes:
                 self._last_bytes_at = now
+            self._started_at = None
             self._transferring = True
             entry.total_bytes, entry.done_bytes = event["total_bytes"], event["done_bytes"]
             entry.message = "Downloading"
@@ -209,7 +234,8 @@ class DownloadRunner:
         else:
             entry.state = FAILED
             given_up = f" (gave up after {entry.attempts} attempts)" if kind in RETRYABLE else ""
-            entry.message = f"{message}{given_up}; the files downloaded so far are kept"
+            kept = "; the files downloaded so far are kept" if entry.done_bytes else ""
+            entry.message = f"{message}{given_up}{kept}"
         self._save()
 
     def _save(self) -> None:
@@ -217,4 +243,6 @@ class DownloadRunner:
         try:
             self.queue.save()
         except OSError as error:  # a full disk must not stop the app; the queue is saved next time
-            self.notice = f"The download queue could not be saved: {error.strerror or error}"
+            self._save_problem = f"The download queue could not be saved: {error.strerror or error}"
+        else:
+            self._save_problem = ""

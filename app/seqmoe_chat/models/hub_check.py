@@ -14,13 +14,14 @@ from urllib.parse import unquote
 from ..engine_import import import_engine
 from .hub_errors import INVALID, NO_WEIGHTS, UNSUPPORTED, HubRefusal, describe
 from .model_shape import ModelShape, shape_of_skeleton
-from .repo_files import INDEX_FILE, RemoteFile, download_set, remote_files, total_size
+from .repo_files import HUB_TIMEOUT_S, INDEX_FILE, RemoteFile, download_set, remote_files, total_size
 
 _HUB_URL = re.compile(
     r"^(?:https?://)?(?:www\.)?(?:huggingface\.co|hf\.co)/(?P<repo>[^/\s?#]+/[^/\s?#]+)"
     r"(?:/(?:tree|blob|resolve)/(?P<revision>[^/\s?#]+))?(?:[/?#]\S*)?$"
 )
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_NOT_MODELS = {"datasets": "a dataset", "spaces": "a Space"}
+"""The first part of the hub's other addresses, which its model ids cannot start with."""
 
 
 @dataclass(frozen=True)
@@ -51,15 +52,25 @@ def parse_reference(text: str) -> HubReference:
     match = _HUB_URL.match(text)
     if match:
         repo_id, revision = match["repo"], unquote(match["revision"] or "main")
+        if (other := _NOT_MODELS.get(repo_id.split("/")[0])) is not None:
+            raise HubRefusal(INVALID, f"{text!r} is {other}, not a model: seqmoe downloads models only")
     else:
-        repo_id, revision = text, "main"
-    if not _REPO_ID.match(repo_id) or ".." in repo_id:
+        repo_id, revision = text.rstrip("/"), "main"
+    if not _is_model_id(repo_id):
         raise HubRefusal(INVALID, f"{text!r} is not a hub id (owner/name) or a huggingface.co model address")
     return HubReference(repo_id, revision)
 
 
-HUB_TIMEOUT_S = 30.0
-"""How long the check waits for the hub's file listing (huggingface_hub's client waits forever)."""
+def _is_model_id(repo_id: str) -> bool:
+    """``owner/name`` by huggingface_hub's own rules: an id they refuse fails every later call."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        return False
+    return repo_id.count("/") == 1
 
 
 def check_repo(reference: HubReference, endpoint: str | None = None) -> HubModel:

@@ -36,6 +36,7 @@ class LibraryModel:
     size_bytes: int
     repo_id: str = ""
     revision: str = ""  # the commit of a Hugging Face cache snapshot
+    missing: bool = False  # an imported folder moved or deleted since: listed to be taken off, not to be loaded
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,9 @@ class Library:
         from seqmoe.resources import demo_model_dir
 
         found = [*self._downloaded(), *(self._hub_cache() if include_hub_cache else [])]
-        found += [LibraryModel(p.name, p, IMPORTED, _size(p)) for p in self.imported]
+        # Kept on the list, not dropped: a folder on a drive not plugged in now comes back with it.
+        found += [LibraryModel(p.name, p, IMPORTED, _size(p), missing=not (p / "config.json").is_file())
+                  for p in self.imported]
         demo = demo_model_dir()
         if (demo / "config.json").is_file():
             found.append(LibraryModel("SeqMoE demo", demo, BUNDLED, _size(demo)))
@@ -97,6 +100,8 @@ class Library:
                 scan_cache_dir().delete_revisions(model.revision).execute()
             else:
                 shutil.rmtree(model.path)
+        except FileNotFoundError:
+            pass  # deleted by hand since it was listed: gone, as asked
         except OSError as error:
             raise LibraryError(f"{model.path} could not be deleted: {error.strerror or error}") from None
 
@@ -105,7 +110,8 @@ class Library:
         if not root.is_dir():
             return []
         found = []
-        for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        # A folder without config.json is no model (notes, a half-removed folder); the loader judges the rest.
+        for folder in sorted(p for p in root.iterdir() if (p / "config.json").is_file() and not p.name.startswith(".")):
             repo_id = _source_repo(folder)
             found.append(LibraryModel(repo_id or folder.name, folder, DOWNLOADED, _size(folder), repo_id))
         return found
@@ -154,8 +160,21 @@ def _looks_like_moe(snapshot: Path) -> bool:
         config = json.loads((snapshot / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
-    has_weights = any(snapshot.glob("*.safetensors"))
-    return has_weights and isinstance(config, dict) and any("expert" in key for key in _flat_keys(config))
+    return _has_weights(snapshot) and isinstance(config, dict) and any("expert" in key for key in _flat_keys(config))
+
+
+def _has_weights(folder: Path) -> bool:
+    """Safetensors weights, with every shard that the index names (an interrupted download lacks some)."""
+    from seqmoe.hub_files import INDEX_FILE, index_shards
+
+    try:
+        index = json.loads((folder / INDEX_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return any(folder.glob("*.safetensors"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    shards = index_shards(index) if isinstance(index, dict) else set()
+    return bool(shards) and all((folder / shard).is_file() for shard in shards)
 
 
 def _flat_keys(config: dict) -> list[str]:

@@ -9,7 +9,11 @@ from typing import Any
 
 from seqmoe.hub_files import INDEX_FILE, index_shards, is_wanted
 
-__all__ = ["INDEX_FILE", "RemoteFile", "download_set", "remote_files", "total_size"]
+__all__ = ["HUB_TIMEOUT_S", "INDEX_FILE", "RemoteFile", "download_set", "remote_files", "total_size"]
+
+HUB_TIMEOUT_S = 30.0
+"""How long the check and the download wait for the hub's file listing (huggingface_hub's client
+waits forever)."""
 
 
 @dataclass(frozen=True)

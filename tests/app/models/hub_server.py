@@ -40,6 +40,7 @@ class FakeHub:
     drop_once: set[str] = field(default_factory=set)  # files whose first GET stops at 90%
     stall_once: dict[str, float] = field(default_factory=dict)  # files whose first GET hangs at 90%
     chunk_delay_s: float = 0.0  # per 16 KiB of a file's body
+    listing_delay_s: float = 0.0  # before a repository's file listing (model_info)
 
     def add(self, repo_id: str, folder: Path, gated: bool = False) -> Repo:
         files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
@@ -105,6 +106,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._json({"name": "tester", "type": "user", "auth": {"accessToken": {"displayName": "seqmoe-test", "role": "read"}}})
 
     def _model_info(self, repo_id: str) -> None:
+        time.sleep(self.hub.listing_delay_s)
         repo = self.hub.repos.get(repo_id)
         if repo is None:
             return self._error(404, "RepoNotFound", f"Repository Not Found for {repo_id}")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from seqmoe_chat.models import download_job
-from seqmoe_chat.models.hub_errors import DISK_FULL, HubRefusal
+from seqmoe_chat.models.hub_errors import DISK_FULL, INVALID, OFFLINE, RETRYABLE, UNSUPPORTED, HubRefusal
 from seqmoe_chat.models.model_folders import SOURCE_FILE
 
-from .conftest import TINY
+from .conftest import REMOTE_CODE, TINY
 
 
 def events(stream: io.StringIO) -> list[dict]:
@@ -32,6 +32,32 @@ def test_a_download_lands_verified_in_its_folder(hub, tmp_path: Path, tiny_repo:
     assert kinds[0] == "plan" and kinds[-1] == "verifying" and "progress" in kinds
     plan = events(out)[0]
     assert plan["total_bytes"] == sum(p.stat().st_size for p in tiny_repo.iterdir() if p.is_file())
+
+
+def test_a_folder_in_the_way_that_is_not_this_download_is_refused_once(hub, tmp_path: Path) -> None:
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "notes.txt").write_text("mine")
+    with pytest.raises(HubRefusal) as refused:
+        download_job.run(TINY, "main", tmp_path / "partial", tmp_path / "done", download_job.Reporter(io.StringIO()))
+    assert refused.value.kind == INVALID and refused.value.kind not in RETRYABLE
+    assert str(refused.value) == f"{tmp_path / 'done'} already exists and is not this download; move or delete it, then resume"
+    assert (tmp_path / "done" / "notes.txt").read_text() == "mine" and not hub.requests
+
+
+def test_a_hub_that_does_not_list_the_files_is_given_up_on(hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub.listing_delay_s = 3.0
+    monkeypatch.setattr(download_job, "HUB_TIMEOUT_S", 0.5)
+    with pytest.raises(HubRefusal) as refused:
+        download_job.run(TINY, "main", tmp_path / "partial", tmp_path / "done", download_job.Reporter(io.StringIO()))
+    assert refused.value.kind == OFFLINE and "cannot be reached" in str(refused.value)
+
+
+def test_a_download_that_does_not_open_is_refused_by_its_repository_name(hub, tmp_path: Path) -> None:
+    staging = tmp_path / "seqmoe-tests--remote-code-moe"
+    with pytest.raises(HubRefusal) as refused:
+        download_job.run(REMOTE_CODE, "main", staging, tmp_path / "done", download_job.Reporter(io.StringIO()))
+    assert refused.value.kind == UNSUPPORTED and staging.name not in str(refused.value)
+    assert str(refused.value).startswith(f"the downloaded model does not open: {REMOTE_CODE} needs its own remote code")
 
 
 def test_too_little_disk_space_is_refused_before_any_weight(hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,7 +90,7 @@ def test_a_download_resumed_after_the_repository_moved_on_installs_the_new_commi
     staging, target = tmp_path / "partial", tmp_path / "done"
     refuse = HubRefusal(DISK_FULL, "stopped for the test after every file arrived")
     with monkeypatch.context() as patched, pytest.raises(HubRefusal):
-        patched.setattr(download_job, "_check_loadable", lambda folder: (_ for _ in ()).throw(refuse))
+        patched.setattr(download_job, "_check_loadable", lambda folder, repo_id: (_ for _ in ()).throw(refuse))
         download_job.run(TINY, "main", staging, target, download_job.Reporter(io.StringIO()))
     # A new commit changes the config without changing its size (no checksum on the hub for it).
     repo = hub.repos[TINY]

@@ -4,7 +4,9 @@ model, a full disk."""
 
 from __future__ import annotations
 
+import errno
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -12,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from seqmoe_chat.models.download_queue import CANCELLED, DONE, FAILED, QUEUED, DownloadEntry
+from seqmoe_chat.models.download_queue import CANCELLED, DONE, FAILED, QUEUED, RUNNING, WAITING, DownloadEntry, DownloadQueue
 from seqmoe_chat.models.download_runner import DownloadRunner, RetryPolicy
 from seqmoe_chat.models.hub_check import save_token
 from seqmoe_chat.models.hub_errors import DISK_FULL, GATED, INVALID, HubRefusal
-from seqmoe_chat.models.model_folders import staging_dir, target_dir
+from seqmoe_chat.models.json_file import write_json
+from seqmoe_chat.models.model_folders import SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION, staging_dir, target_dir
 
 from .conftest import GATED as GATED_REPO
 from .conftest import TINY
@@ -118,6 +121,21 @@ def test_a_crashed_app_leaves_no_download_running(hub, data_dir: Path) -> None:
     assert DownloadRunner(data_dir).queue.get(TINY).state == QUEUED
 
 
+def test_a_download_moved_into_place_as_the_app_quit_is_done_at_the_next_start(hub, data_dir: Path, tiny_repo: Path) -> None:
+    queue = DownloadQueue(data_dir)
+    queue.add(TINY, "main").state = RUNNING
+    queue.save()
+    # What the download process leaves after its last step, the move; its "done" was never read.
+    folder = shutil.copytree(tiny_repo, target_dir(data_dir, TINY))
+    write_json(folder / SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION,
+               {"repo_id": TINY, "revision": "main", "commit": "c" * 40, "completed": "2025-01-01T00:00:00+0000"})
+    runner = DownloadRunner(data_dir, policy=FAST_RETRY)
+    entry = runner.queue.get(TINY)
+    run_until(runner, finished(runner, TINY))
+    assert entry.state == DONE and entry.attempts == 0 and Path(entry.path) == folder, entry.message
+    assert runner.finished == [entry] and not hub.requests
+
+
 def test_a_stalled_transfer_is_stopped_and_retried(hub, data_dir: Path, tiny_repo: Path) -> None:
     hub.stall_once[largest_shard(tiny_repo)] = 20.0
     runner = DownloadRunner(data_dir, policy=RetryPolicy(stall_s=1.5, max_attempts=3, backoff_s=(0.1,)))
@@ -129,12 +147,21 @@ def test_a_stalled_transfer_is_stopped_and_retried(hub, data_dir: Path, tiny_rep
     runner.cancel(TINY)
 
 
+def test_a_download_whose_file_listing_never_comes_is_stopped_and_retried(hub, data_dir: Path) -> None:
+    hub.listing_delay_s = 5.0
+    runner = DownloadRunner(data_dir, policy=RetryPolicy(start_s=1.0, max_attempts=3, backoff_s=(10.0,)))
+    entry = runner.enqueue(TINY)
+    run_until(runner, lambda: entry.state == WAITING, timeout=20.0)
+    assert entry.message.startswith("the hub did not list the model's files within 1 s; trying again"), entry.message
+    runner.cancel(TINY)
+
+
 def test_a_gated_model_is_refused_then_downloaded_with_a_token(hub, data_dir: Path, tmp_path: Path) -> None:
     runner = DownloadRunner(data_dir, policy=FAST_RETRY)
     entry = runner.enqueue(GATED_REPO)
     run_until(runner, finished(runner, GATED_REPO))
     assert entry.state == FAILED and entry.error_kind == GATED and entry.attempts == 1, entry.message
-    assert "accept its licence" in entry.message
+    assert "accept its licence" in entry.message and "files downloaded so far" not in entry.message  # none were
     save_token(TOKEN)
     assert (tmp_path / "hf-home" / "token").read_text().strip() == TOKEN  # huggingface_hub's own store, in tmp
     runner.resume(GATED_REPO)
@@ -165,6 +192,38 @@ def test_too_little_disk_space_is_refused_when_queued(hub, data_dir: Path, monke
         runner.enqueue(TINY, total_bytes=5 * 10**9)
     assert refused.value.kind == DISK_FULL and "5.00 GB still to download, 0.00 GB free" in str(refused.value)
     assert runner.entries == [] and not hub.requests
+
+
+def full_disk(*args, **kwargs) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_download_whose_queue_cannot_be_saved_is_not_queued_and_says_why(data_dir: Path, monkeypatch) -> None:
+    from seqmoe_chat.models import download_queue
+
+    runner = DownloadRunner(data_dir)
+    runner.enqueue(TINY)
+    runner.cancel(TINY)
+    monkeypatch.setattr(download_queue, "write_json", full_disk)
+    for repo_id in (TINY, "seqmoe-tests/other-moe"):  # queued again, and a new one
+        with pytest.raises(HubRefusal, match="^the download queue could not be saved: No space left on device$"):
+            runner.enqueue(repo_id)
+    assert [(e.repo_id, e.state) for e in runner.entries] == [(TINY, CANCELLED)] and not runner.busy
+    monkeypatch.setattr(download_queue, "write_json", write_json)
+    assert runner.enqueue("seqmoe-tests/other-moe").state == QUEUED  # not "already being downloaded"
+
+
+def test_the_notice_that_the_queue_could_not_be_saved_goes_once_it_is_saved(data_dir: Path, monkeypatch) -> None:
+    from seqmoe_chat.models import download_queue
+
+    runner = DownloadRunner(data_dir)
+    runner.enqueue(TINY)
+    monkeypatch.setattr(download_queue, "write_json", full_disk)
+    runner.cancel(TINY)
+    assert runner.notice == "The download queue could not be saved: No space left on device"
+    monkeypatch.setattr(download_queue, "write_json", write_json)
+    runner.resume(TINY)
+    assert runner.notice == ""
 
 
 def test_a_damaged_queue_file_is_kept_aside_and_reported(data_dir: Path) -> None:

@@ -20,16 +20,31 @@ from .hub_server import TOKEN
     ("https://huggingface.co/openai/gpt-oss-20b/tree/refs%2Fpr%2F3", "openai/gpt-oss-20b", "refs/pr/3"),
     ("hf.co/ibm-granite/granite-3.1-3b-a800m-instruct/blob/v1/config.json", "ibm-granite/granite-3.1-3b-a800m-instruct", "v1"),
     ("https://huggingface.co/mistralai/Mixtral-8x7B-Instruct-v0.1?library=transformers", "mistralai/Mixtral-8x7B-Instruct-v0.1", "main"),
+    ("allenai/OLMoE-1B-7B-0924-Instruct/", "allenai/OLMoE-1B-7B-0924-Instruct", "main"),
 ])
 def test_hub_ids_and_addresses_are_understood(text: str, repo_id: str, revision: str) -> None:
     assert parse_reference(text) == HubReference(repo_id, revision)
 
 
-@pytest.mark.parametrize("text", ["", "just-a-name", "https://example.com/a/b", "../../etc/passwd", "a/b/c d"])
+@pytest.mark.parametrize("text", [
+    "", "just-a-name", "https://example.com/a/b", "../../etc/passwd", "a/b/c d",
+    # Refused by huggingface_hub's rules, which the app's own pattern let through.
+    "t/tiny-moé", "t/tiny-moe.git", "t/-tiny", "t/tiny--moe",
+])
 def test_anything_else_is_refused_with_a_reason(text: str) -> None:
     with pytest.raises(HubRefusal) as refused:
         parse_reference(text)
     assert refused.value.kind == INVALID and "not a hub id" in str(refused.value)
+
+
+@pytest.mark.parametrize(("text", "what"), [
+    ("https://huggingface.co/datasets/t/tiny-moe", "a dataset"),
+    ("huggingface.co/spaces/t/tiny-moe/", "a Space"),
+])
+def test_dataset_and_space_addresses_are_said_not_to_be_models(text: str, what: str) -> None:
+    with pytest.raises(HubRefusal) as refused:
+        parse_reference(text)
+    assert refused.value.kind == INVALID and str(refused.value) == f"{text!r} is {what}, not a model: seqmoe downloads models only"
 
 
 def test_a_supported_model_is_described_without_fetching_weights(hub, tiny_repo: Path) -> None:

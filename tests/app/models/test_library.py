@@ -51,6 +51,25 @@ def test_models_already_in_the_hugging_face_cache_are_listed_and_deleted(hub, da
     assert not by_source(library, HUB_CACHE) and not model.path.exists()
 
 
+def test_a_folder_in_models_that_holds_no_model_is_not_listed(data_dir: Path, tiny_repo: Path) -> None:
+    folder = downloaded(data_dir, tiny_repo)
+    (folder.parent / "notes").mkdir()
+    (folder.parent / "notes" / "notes.txt").write_text("not a model")
+    assert [m.path for m in by_source(Library(data_dir), DOWNLOADED)] == [folder]
+
+
+def test_a_hugging_face_cache_snapshot_missing_a_shard_is_not_listed(hub, data_dir: Path, tiny_repo: Path) -> None:
+    from huggingface_hub import hf_hub_download
+
+    last, *others = sorted(tiny_repo.glob("*.safetensors"))
+    for file in tiny_repo.iterdir():
+        if file != last:
+            hf_hub_download(TINY, file.name)
+    assert others and not by_source(Library(data_dir), HUB_CACHE)  # interrupted before the last shard
+    hf_hub_download(TINY, last.name)
+    assert [m.name for m in by_source(Library(data_dir), HUB_CACHE)] == [TINY]
+
+
 def test_an_imported_folder_is_checked_listed_and_only_forgotten(data_dir: Path, tiny_repo: Path, dense_repo: Path) -> None:
     library = Library(data_dir)
     model = library.import_folder(tiny_repo)
@@ -61,6 +80,25 @@ def test_an_imported_folder_is_checked_listed_and_only_forgotten(data_dir: Path,
         library.import_folder(dense_repo)
     library.delete(model)
     assert not by_source(Library(data_dir), IMPORTED) and (tiny_repo / "config.json").is_file()
+
+
+def test_an_imported_folder_moved_away_since_is_listed_as_missing(data_dir: Path, tiny_repo: Path, tmp_path: Path) -> None:
+    mine = shutil.copytree(tiny_repo, tmp_path / "mine")
+    Library(data_dir).import_folder(mine)
+    shutil.move(mine, tmp_path / "moved")
+    (model,) = by_source(Library(data_dir), IMPORTED)
+    assert model.path == mine and model.missing and model.size_bytes == 0
+    shutil.move(tmp_path / "moved", mine)  # the drive is plugged in again
+    assert not by_source(Library(data_dir), IMPORTED)[0].missing
+
+
+def test_a_model_whose_folder_is_already_gone_is_deleted_without_error(data_dir: Path, tiny_repo: Path) -> None:
+    folder = downloaded(data_dir, tiny_repo)
+    library = Library(data_dir)
+    (model,) = by_source(library, DOWNLOADED)
+    shutil.rmtree(folder)  # by hand, after it was listed
+    library.delete(model)
+    assert not by_source(library, DOWNLOADED)
 
 
 def test_a_folder_whose_weights_are_not_the_sizes_its_config_gives_is_not_imported(

@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+from seqmoe_chat.models.library import Library
 from seqmoe_chat.models.model_folders import SOURCE_FILE, target_dir
 
 from ..waits import model_shown
@@ -34,3 +35,20 @@ def test_the_library_joins_the_model_selector_and_loads_from_the_models_window(
     assert window.settings.model == str(folder)
     window.action_models.trigger()  # the menu opens the same window again
     assert window._models_dialog is dialog and dialog.isVisible()
+
+
+def test_an_imported_folder_moved_away_is_not_offered_for_loading(
+    qtbot, make_window, data_dir: Path, tiny_repo: Path, tmp_path: Path
+) -> None:
+    mine = shutil.copytree(tiny_repo, tmp_path / "mine")
+    Library(data_dir).import_folder(mine)
+    shutil.move(mine, tmp_path / "moved")
+    window = make_window()
+    window.action_models.trigger()
+    library = window._models_dialog.library
+    qtbot.waitUntil(lambda: any(i.model.path == mine for i in library.items), timeout=30_000)
+    assert window.model_bar.models.findData(str(mine)) < 0
+    library.select(str(mine))
+    row = library.table.currentRow()
+    assert library.table.item(row, 2).text() == "folder missing"
+    assert not library.buttons["Load"].isEnabled() and library.buttons["Delete…"].isEnabled()

@@ -255,3 +255,22 @@ def test_a_damaged_list_of_imported_folders_is_said_in_the_library(qtbot, window
     library = window().library
     qtbot.waitUntil(lambda: "list of imported folders was reset" in library.message.text(), timeout=30_000)
     assert library.items  # the demo model and the rest are still listed
+
+
+def test_a_deleted_download_leaves_the_downloads_tab_now_and_after_a_restart(
+    qtbot, window, data_dir: Path, tiny_repo: Path
+) -> None:
+    from seqmoe_chat.models.download_queue import DownloadQueue
+
+    queue = DownloadQueue(data_dir)
+    for repo_id in (TINY, "seqmoe-tests/other-moe"):
+        entry = queue.add(repo_id, "main")
+        entry.state, entry.path = DONE, str(shutil.copytree(tiny_repo, target_dir(data_dir, repo_id)))
+    queue.save()
+    shutil.rmtree(target_dir(data_dir, "seqmoe-tests/other-moe"))  # by hand, while the app was closed
+    dialog = window()
+    assert list(dialog.downloads.rows) == [TINY]
+    manager = dialog.manager
+    qtbot.waitUntil(lambda: any(i.model.path == target_dir(data_dir, TINY) for i in manager.items), timeout=30_000)
+    manager.delete(next(i for i in manager.items if i.model.path == target_dir(data_dir, TINY)))
+    assert not dialog.downloads.rows and not DownloadQueue(data_dir).entries
