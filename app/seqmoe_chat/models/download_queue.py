@@ -78,10 +78,6 @@ class DownloadQueue:
         self.entries = entries
         return entry
 
-    def remove(self, repo_id: str) -> None:
-        self.entries = [e for e in self.entries if e.repo_id != repo_id]
-        self.save()
-
     def save(self) -> None:
         self._write(self.entries)
 

@@ -110,7 +110,8 @@ class DownloadRunner:
         """Cancel and forget a download with its partial files (never a finished model)."""
         self.cancel(repo_id)
         shutil.rmtree(staging_dir(self.data_dir, repo_id), ignore_errors=True)
-        self.queue.remove(repo_id)
+        self.queue.entries = [e for e in self.entries if e.repo_id != repo_id]
+        self._save()
 
     def forget_finished(self, folder: Path) -> None:
         """Drop the finished download of ``folder``, a model just deleted."""

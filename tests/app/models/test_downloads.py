@@ -224,6 +224,9 @@ def test_the_notice_that_the_queue_could_not_be_saved_goes_once_it_is_saved(data
     monkeypatch.setattr(download_queue, "write_json", write_json)
     runner.resume(TINY)
     assert runner.notice == ""
+    monkeypatch.setattr(download_queue, "write_json", full_disk)
+    runner.discard(TINY)  # Remove on a full disk: gone from the tab, and said; no traceback
+    assert runner.entries == [] and runner.notice == "The download queue could not be saved: No space left on device"
 
 
 def test_a_damaged_queue_file_is_kept_aside_and_reported(data_dir: Path) -> None:
