@@ -30,7 +30,7 @@ from transformers import DynamicCache
 from .errors import SeqMoEError
 from .loader import LoadedModel
 from .routers import Router, chosen_experts, find_routers
-from .user_files import check_output, replacing, writing
+from .user_files import output_folder, replacing, writing
 
 FORMAT_VERSION = 1
 SHARD_TOKENS = 8192
@@ -249,11 +249,38 @@ def document_runs(traces: Traces) -> list[tuple[int, list[Run]]]:
 
 def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[str, torch.Tensor]]) -> dict[str, object]:
     """Write ``records`` as shards of about ``SHARD_TOKENS`` tokens and the manifest last. An
-    earlier trace's manifest goes first: a run stopped midway leaves no folder that reads as a
-    trace, where its shards would mix with the earlier ones."""
-    check_output(out, "the trace folder", folder=True)
-    with writing(out / "manifest.json"):
-        (out / "manifest.json").unlink(missing_ok=True)
+    earlier trace's manifest goes once the first record is there: a run stopped midway leaves no
+    folder that reads as a trace, where its shards would mix with the earlier ones. A run that
+    fails removes the shards it wrote, and the folder if it made it; a ``manifest.json`` that is
+    not a trace's is the user's own, and refused before any tracing."""
+    manifest_file = out / "manifest.json"
+    with output_folder(out, "the trace folder"):
+        if manifest_file.exists() and not _is_trace_manifest(manifest_file):
+            raise SeqMoEError(f"the trace folder {out} holds a manifest.json that is not a seqmoe trace; give another folder")
+        written: list[Path] = []
+        try:
+            manifest = _write_shards(out, identity, records, written)
+            with writing(manifest_file), replacing(manifest_file) as partial:
+                partial.write_text(json.dumps(manifest, indent=2))
+        except BaseException:
+            for shard in written:
+                shard.unlink(missing_ok=True)
+            raise
+    return manifest
+
+
+def _is_trace_manifest(file: Path) -> bool:
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == "seqmoe-trace"
+
+
+def _write_shards(
+    out: Path, identity: dict[str, object], records: Iterator[dict[str, torch.Tensor]], written: list[Path]
+) -> dict[str, object]:
+    """The shards of ``records`` (each file added to ``written`` before it is), and the manifest to list them."""
     shards, pending, pending_tokens = [], [], 0
     totals = {"tokens": 0, "decode_tokens": 0, "documents": 0}
 
@@ -262,13 +289,17 @@ def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[
         if not pending:
             return
         tensors = {key: torch.cat([r[key] for r in pending]).contiguous() for key in pending[0]}
-        name = f"shard-{len(shards):05d}.safetensors"
-        with writing(out / name):
-            save_file(tensors, str(out / name))
-        shards.append({"file": name, "tokens": tensors["document"].shape[0]})
+        shard = out / f"shard-{len(shards):05d}.safetensors"
+        written.append(shard)
+        with writing(shard):
+            save_file(tensors, str(shard))
+        shards.append({"file": shard.name, "tokens": tensors["document"].shape[0]})
         pending, pending_tokens = [], 0
 
     for record in records:
+        if not pending and not shards:
+            with writing(out / "manifest.json"):
+                (out / "manifest.json").unlink(missing_ok=True)
         pending.append(record)
         pending_tokens += record["document"].shape[0]
         totals["tokens"] += record["document"].shape[0]
@@ -279,7 +310,7 @@ def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[
     flush()
     if not shards:
         raise SeqMoEError("the text produced no tokens to trace")
-    manifest = {
+    return {
         "format": "seqmoe-trace",
         "version": FORMAT_VERSION,
         "model": identity,
@@ -290,9 +321,6 @@ def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[
         "prefill_tokens": totals["tokens"] - totals["decode_tokens"],
         "shards": shards,
     }
-    with writing(out / "manifest.json"), replacing(out / "manifest.json") as partial:
-        partial.write_text(json.dumps(manifest, indent=2))
-    return manifest
 
 
 def read_traces(folder: Path) -> Traces:

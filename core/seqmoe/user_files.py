@@ -44,6 +44,23 @@ def check_output(path: Path, flag: str, folder: bool = False) -> Path:
 
 
 @contextmanager
+def output_folder(path: Path, flag: str) -> Iterator[Path]:
+    """``check_output`` of a folder to write in during the block. If the block fails, the folders
+    that check made are removed again where the block left them empty."""
+    made = [folder for folder in (path, *path.parents) if not folder.exists()]  # deepest first
+    check_output(path, flag, folder=True)
+    try:
+        yield path
+    except BaseException:
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: the user's now, or the block's to explain
+                break
+        raise
+
+
+@contextmanager
 def writing(path: Path) -> Iterator[None]:
     """Writes to ``path`` that fail (a full disk, a folder gone meanwhile) end in one line."""
     try:

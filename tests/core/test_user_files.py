@@ -74,6 +74,36 @@ def test_a_full_disk_while_tracing_ends_in_one_line(mixtral_dir: Path, a_file: P
     status = main(["trace", "--model", str(mixtral_dir), "--device", "cpu", "--text", str(a_file), "--out", str(out),
                    "--continuation", "2"])
     assert status == 2 and last_error(capsys) == f"seqmoe: error: cannot write {out / 'shard-00000.safetensors'}: No space left on device"
+    assert not out.exists()  # made for the trace, and removed with it
+
+
+def trace_empty_text(model: Path, out: Path, tmp_path: Path) -> int:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    return main(["trace", "--model", str(model), "--device", "cpu", "--text", str(empty), "--out", str(out)])
+
+
+def test_a_users_own_manifest_is_never_removed(mixtral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "project"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"name": "my project"}')
+    status = trace_empty_text(mixtral_dir, out, tmp_path)
+    assert status == 2 and last_error(capsys) == (f"seqmoe: error: the trace folder {out} holds a manifest.json that is "
+                                                  "not a seqmoe trace; give another folder")
+    assert (out / "manifest.json").read_text() == '{"name": "my project"}'
+
+
+def test_a_trace_of_nothing_leaves_the_earlier_trace_and_makes_no_folder(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, earlier = traced
+    manifest = (earlier / "manifest.json").read_text()
+    assert trace_empty_text(model, earlier, tmp_path) == 2
+    assert last_error(capsys) == "seqmoe: error: the text produced no tokens to trace"
+    assert (earlier / "manifest.json").read_text() == manifest
+    new = tmp_path / "new" / "traces"
+    assert trace_empty_text(model, new, tmp_path) == 2
+    assert not (tmp_path / "new").exists()
 
 
 def test_a_full_disk_while_saving_a_predictor_is_one_line(traced: tuple[Path, Path], tmp_path: Path,
