@@ -157,6 +157,22 @@ def test_predictor_for_another_model_is_refused(traced: tuple[Path, Path], tiny_
     assert "calibrate" in capsys.readouterr().err
 
 
+def test_eval_predictor_reports_what_the_predictor_costs_a_decode_step(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, out = traced
+    path = tmp_path / "p.safetensors"
+    save_predictor(train_predictor(read_traces(out), TrainingOptions(epochs=1, width=16), progress=False), path)
+    text = tmp_path / "t.txt"
+    text.write_text(CHAT_TEXT)
+    status = main(["eval-predictor", "--model", str(model), "--text", str(text), "--predictor", str(path),
+                   "--continuation", "2", "--max-tokens", "200", "--json", "--device", "cpu"])
+    assert status == 0
+    cost = json.loads(capsys.readouterr().out)["predictor"]
+    assert cost["stride"] == 1 and cost["forecasts_per_decode_step"] == pytest.approx(3, abs=0.5)  # 3 MoE layers
+    assert cost["ms_per_forecast"] > 0 and 0 < cost["cost_fraction_of_decode_step"] < 1
+
+
 def test_hits_count_the_actual_experts_among_the_best_scores() -> None:
     scores = torch.tensor([[0.9, 0.1, 0.8, 0.3], [0.2, 0.7, 0.1, 0.6]])
     actual = torch.tensor([[0, 3], [1, 3]])

@@ -97,11 +97,14 @@ def run_eval(engine: Engine, args: argparse.Namespace) -> int:
 
 def _cost(engine: Engine, path: Path) -> dict[str, object]:
     """The predictor's cost per decode step, measured inside the engine: the ``seqmoe`` policy
-    with every expert cached (no copies), its predictor time against the decode time."""
+    with every expert cached (no copies), its predictor time against the decode time. With no
+    copies the look-ahead's budget is nil, and the policy would space its calls out until it
+    never calls; fixed at one call per MoE layer, the cost is the most the engine pays."""
     loaded = engine.loaded
     engine.predictor_path = path
     engine.configure("seqmoe", cache_ratio=1.0)
     policy = engine.cache.policy
+    policy.fixed_stride = 1
     prompt = engine.encode("Hi! What do you like to do on weekends?", chat=bool(loaded.tokenizer.chat_template))
     engine.generate(prompt, Sampling(max_new_tokens=8))
     calls, seconds, reuse_seconds = policy.calls, policy.predict_seconds, policy.reuse_seconds
