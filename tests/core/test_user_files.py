@@ -58,6 +58,18 @@ def test_training_is_not_started_for_a_predictor_file_it_cannot_write(
     assert status == 2 and error.startswith(f"seqmoe: error: --out {out}: cannot write in {a_file}"), error
 
 
+def test_a_predictor_file_that_is_its_own_config_is_refused_before_training(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(seqmoe.predictor.commands, "train_predictor", never)
+    out = tmp_path / "pred" / "model.json"
+    status = main(["train-predictor", "--traces", str(traced[1]), "--out", str(out)])
+    assert status == 2 and last_error(capsys) == (
+        f"seqmoe: error: --out {out} is where the predictor's config goes, beside its weights; "
+        f"give the weights file, such as {out.with_suffix('.safetensors')}")
+    assert not out.exists()
+
+
 def test_a_bench_is_not_run_for_a_plot_it_cannot_write(mixtral_dir: Path, a_file: Path, capsys: pytest.CaptureFixture[str],
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", types.ModuleType("matplotlib"))  # present, whether installed or not
