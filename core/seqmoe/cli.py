@@ -206,6 +206,7 @@ def run_generate(args: argparse.Namespace) -> int:
 def run_bench_command(args: argparse.Namespace) -> int:
     from .bench import (
         BUILT_IN_PROMPTS,
+        PLOT_SUFFIXES,
         event_stream_overhead,
         format_table,
         match_link,
@@ -226,7 +227,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             raise SeqMoEError("--plot needs matplotlib: pip install matplotlib (or the package's [bench] extra)") from None
-        check_output(args.plot, "--plot")
+        check_output(args.plot, "--plot", suffixes=PLOT_SUFFIXES)
     engine = load_engine(args)
     chat = bool(engine.loaded.tokenizer.chat_template)
     prompts = [engine.encode(text, chat=chat) for text in texts]

@@ -25,9 +25,12 @@ def read_text(path: Path, what: str = "") -> str:
         raise SeqMoEError(f"cannot read {what}{path}: {_reason(error)}") from None
 
 
-def check_output(path: Path, flag: str, folder: bool = False) -> Path:
+def check_output(path: Path, flag: str, folder: bool = False, suffixes: tuple[str, ...] = ()) -> Path:
     """Refuse ``path`` (given with ``flag``) if a file (or with ``folder``, a folder) cannot be
-    written there; the folders it needs are made."""
+    written there, or if its name ends in none of ``suffixes`` (when given); the folders it needs
+    are made."""
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise SeqMoEError(f"{flag} {path}: give a file name ending in {', '.join(suffixes)}")
     if folder and path.exists() and not path.is_dir():
         raise SeqMoEError(f"{flag} {path} is a file; give a folder")
     if not folder and path.is_dir():
