@@ -12,7 +12,7 @@ import pytest
 import seqmoe.bench
 from seqmoe import Engine, Sampling, load_model
 from seqmoe.bench import emulated_copy_seconds, full_speed, layer_seconds, match_link, plot, run_bench, wrapped
-from seqmoe.cli import main
+from seqmoe.cli import build_parser, main
 from seqmoe.errors import SeqMoEError
 from seqmoe.hardware import DEFAULT_SETUP
 
@@ -87,6 +87,22 @@ def test_bench_refuses_bad_flags_in_one_line(
     status = main(["bench", "--model", str(mixtral_dir), "--device", "cpu", *flags])
     err = capsys.readouterr().err
     assert status == 2 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flags", [["--policy", "lru"], ["--vram-budget", "1"]])
+def test_bench_refuses_the_single_cache_flags_it_would_ignore(
+    mixtral_dir: Path, capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(["bench", "--model", str(mixtral_dir), "--device", "cpu", *flags])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and f"unrecognized arguments: {' '.join(flags)}" in err
+
+
+def test_bench_cache_ratio_is_read_as_its_cache_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse takes a unique prefix for the whole flag: what the user meant, not ignored.
+    args = build_parser().parse_args(["bench", "--cache-ratio", "0.3"])
+    assert args.cache_ratios == "0.3" and not hasattr(args, "cache_ratio")
 
 
 def test_a_plot_without_matplotlib_is_refused_before_the_run(
