@@ -130,6 +130,7 @@ def read_documents(text: str, tokenize: Callable[[list[str]], list[int]], every_
 
 def chat_tokenizer(loaded: LoadedModel) -> Callable[[list[str]], list[int]]:
     """Lines alternate user and assistant turns; the result ends with the assistant's prompt."""
+    loaded.check_chat_template()
     tokenizer = loaded.tokenizer
 
     def tokenize(lines: list[str]) -> list[int]:
