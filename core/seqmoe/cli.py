@@ -222,10 +222,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         run_bench,
     )
 
-    policies = [p for p in args.policies.split(",") if p]
-    unknown = sorted(set(policies) - set(POLICY_NAMES))
-    if unknown:
-        raise SeqMoEError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICY_NAMES)}")
+    policies = policy_list(args.policies, POLICY_NAMES)
     ratios = cache_ratios(args.cache_ratios)
     if args.max_new_tokens < 2:
         raise SeqMoEError("--max-new-tokens must be at least 2: decode speed is timed from the second token on")
@@ -304,15 +301,26 @@ def predictor_note(engine: Engine) -> str:
             f"the next layer's router; `seqmoe calibrate --model {engine.loaded.path}` trains one")
 
 
+def policy_list(text: str, known: Sequence[str]) -> list[str]:
+    """The comma-separated ``--policies``, each one of ``known``, each once, in the order given."""
+    policies = list(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    unknown = [p for p in policies if p not in known]
+    if unknown or not policies:
+        what = f"unknown policy {unknown[0]!r}" if unknown else f"--policies names no policy ({text!r})"
+        raise SeqMoEError(f"{what}; choose from {', '.join(known)}")
+    return policies
+
+
 def cache_ratios(text: str) -> list[float]:
-    """The comma-separated ``--cache-ratios``, each a share of all experts: above 0, at most 1."""
+    """The comma-separated ``--cache-ratios``, each a share of all experts: above 0, at most 1;
+    each once, in the order given."""
     try:
         ratios = [float(r) for r in text.split(",") if r.strip()]
     except ValueError:
         ratios = []
     if not ratios or not all(0 < r <= 1 for r in ratios):
         raise SeqMoEError(f"--cache-ratios takes shares of all experts, above 0 and at most 1, comma-separated; got {text!r}")
-    return ratios
+    return list(dict.fromkeys(ratios))
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -348,8 +356,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.shape not in SHAPES:
         raise SeqMoEError(f"unknown shape {args.shape!r}; shapes: {', '.join(SHAPES)}")
     ratios = cache_ratios(args.cache_ratios)
+    policies = policy_list(args.policies, SIMULATED_POLICIES)
     traces = read_traces(args.traces)
-    policies = [p for p in args.policies.split(",") if p]
     predictor = None
     if "seqmoe" in policies:
         path = args.predictor or find_predictor_for(traces.manifest["model"])

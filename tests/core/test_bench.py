@@ -71,6 +71,8 @@ def test_bench_reports_every_policy_and_ratio_with_identical_tokens(
         (["--max-new-tokens", "1"], "--max-new-tokens must be at least 2"),
         (["--cache-ratios", "0.5,half"], "--cache-ratios takes shares of all experts"),
         (["--cache-ratios", "1.5"], "above 0 and at most 1"),
+        (["--policies", ","], "--policies names no policy"),
+        (["--policies", "lru,belady"], "unknown policy 'belady'"),
         (["--prompts", "{missing}"], "cannot read the prompts file"),
         (["--prompts", "{empty}"], "holds no prompts"),
         (["--prompts", "{long}"], "prompt 2: the prompt is"),
