@@ -173,6 +173,27 @@ def test_eval_predictor_reports_what_the_predictor_costs_a_decode_step(
     assert cost["ms_per_forecast"] > 0 and 0 < cost["cost_fraction_of_decode_step"] < 1
 
 
+def test_a_damaged_predictor_file_is_named_in_one_line(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, out = traced
+    traces = read_traces(out)
+    path, wider = tmp_path / "p.safetensors", tmp_path / "wider.safetensors"
+    save_predictor(train_predictor(traces, TrainingOptions(epochs=1, width=16), progress=False), path)
+    save_predictor(train_predictor(traces, TrainingOptions(epochs=1, width=24), progress=False), wider)
+    weights = path.read_bytes()
+    path.write_bytes(b"not safetensors at all")
+    status = main(["simulate", "--traces", str(out), "--policies", "seqmoe", "--predictor", str(path)])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith(f"seqmoe: error: predictor {path} cannot be read: ") and len(err.splitlines()) == 1
+    path.write_bytes(wider.read_bytes())  # whole, but not the weights its config describes
+    with pytest.raises(SeqMoEError, match="does not hold the weights p.json describes") as refused:
+        load_predictor(path)
+    assert "\n" not in str(refused.value)
+    path.write_bytes(weights)
+    assert load_predictor(path).config.width == 16
+
+
 def test_hits_count_the_actual_experts_among_the_best_scores() -> None:
     scores = torch.tensor([[0.9, 0.1, 0.8, 0.3], [0.2, 0.7, 0.1, 0.6]])
     actual = torch.tensor([[0, 3], [1, 3]])
