@@ -35,6 +35,8 @@ from .user_files import output_folder, replacing, writing
 FORMAT_VERSION = 1
 SHARD_TOKENS = 8192
 PREFILL_CHUNK = 128
+SHARD_KEYS = {"hidden", "experts", "probs", "document", "decode"}
+"""The tensors every shard holds (``paragraph`` came later: older traces lack it)."""
 
 
 def model_identity(loaded: LoadedModel) -> dict[str, object]:
@@ -334,13 +336,19 @@ def read_traces(folder: Path) -> Traces:
         raise SeqMoEError(f"{manifest_file} cannot be read: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != "seqmoe-trace" or manifest.get("version") != FORMAT_VERSION:
         raise SeqMoEError(f"{folder} holds traces of an unknown format or version")
+    listed = manifest.get("shards")
+    if not isinstance(manifest.get("model"), dict) or not isinstance(listed, list) or not listed or not all(
+        isinstance(shard, dict) and isinstance(shard.get("file"), str) and isinstance(shard.get("tokens"), int)
+        for shard in listed
+    ):
+        raise SeqMoEError(f"{manifest_file} is damaged: it lacks the traced model or the list of shards; trace again")
     shards = []
-    for shard in manifest["shards"]:
+    for shard in listed:
         try:
             tensors = load_file(str(folder / shard["file"]))
         except (OSError, SafetensorError) as error:
             raise SeqMoEError(f"trace shard {folder / shard['file']} cannot be read: {error}") from None
-        if tensors["document"].shape[0] != shard["tokens"]:
+        if not SHARD_KEYS <= tensors.keys() or tensors["document"].shape[0] != shard["tokens"]:
             raise SeqMoEError(f"trace shard {folder / shard['file']} is not the one {manifest_file.name} lists; trace again")
         shards.append(tensors)
     joined = {key: torch.cat([s[key] for s in shards]) for key in shards[0]}

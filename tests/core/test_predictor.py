@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import seqmoe.trace
 from seqmoe import Engine, SeqMoEError, load_model
@@ -71,6 +72,33 @@ def test_a_shard_that_is_not_the_one_the_manifest_lists_is_refused(traced: tuple
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["shards"][0]["tokens"] += 1
     (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SeqMoEError, match="is not the one manifest.json lists"):
+        read_traces(folder)
+
+
+@pytest.mark.parametrize("damage", [{"shards": []}, {"shards": None}, {"model": None}, {"shards": [{"file": 3}]}])
+@pytest.mark.parametrize("command", [["simulate", "--policies", "lru"], ["train-predictor", "--out", "p.safetensors"]])
+def test_a_damaged_manifest_is_refused_in_one_line(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: dict, command: list[str]
+) -> None:
+    folder = shutil.copytree(traced[1], tmp_path / "traces")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest.update(damage)
+    manifest = {key: value for key, value in manifest.items() if value is not None}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    command = [str(tmp_path / arg) if arg.endswith(".safetensors") else arg for arg in command]
+    status = main([*command, "--traces", str(folder)])
+    err = capsys.readouterr().err
+    assert status == 2 and err == (f"seqmoe: error: {folder / 'manifest.json'} is damaged: it lacks the traced model "
+                                   "or the list of shards; trace again\n")
+
+
+def test_a_shard_without_the_tensors_of_a_trace_is_refused(traced: tuple[Path, Path], tmp_path: Path) -> None:
+    folder = shutil.copytree(traced[1], tmp_path / "traces")
+    shard = folder / "shard-00000.safetensors"
+    tensors = load_file(str(shard))
+    del tensors["probs"]
+    save_file(tensors, str(shard))
     with pytest.raises(SeqMoEError, match="is not the one manifest.json lists"):
         read_traces(folder)
 
