@@ -348,7 +348,7 @@ def traced_routers(model: str | None, identity: dict[str, object]) -> list[Route
 def run_simulate(args: argparse.Namespace) -> int:
     from .predictor.calibration import find_predictor_for
     from .predictor.model import load_predictor
-    from .simulate import copy_bound, simulate
+    from .simulate import cache_slots, copy_bound, simulate
     from .trace import read_traces
 
     if args.profile not in HARDWARE:
@@ -358,6 +358,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     ratios = cache_ratios(args.cache_ratios)
     policies = policy_list(args.policies, SIMULATED_POLICIES)
     traces = read_traces(args.traces)
+    for ratio in ratios:  # each refused before the replays of the others, not after
+        cache_slots(traces, ratio)
     predictor = None
     if "seqmoe" in policies:
         path = args.predictor or find_predictor_for(traces.manifest["model"])
