@@ -28,6 +28,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from .errors import SeqMoEError
+from .experts import decode_phase
 from .loader import LoadedModel
 from .routers import Router, chosen_experts, find_routers
 from .user_files import output_folder, replacing, writing
@@ -164,13 +165,14 @@ def trace_document(
         records.append(recorder.take())
         decode_flags.append(torch.zeros(piece.shape[1], dtype=torch.uint8))
     eos = set(_eos_ids(loaded))
-    for _ in range(document.continuation):
-        token = logits[:, -1].argmax(dim=-1, keepdim=True)
-        if token.item() in eos:
-            break
-        logits = model(input_ids=token, cache=cache, use_cache=True).logits
-        records.append(recorder.take())
-        decode_flags.append(torch.ones(1, dtype=torch.uint8))
+    with decode_phase(loaded.experts):  # for an engine's offloaded layers, as its generate runs them
+        for _ in range(document.continuation):
+            token = logits[:, -1].argmax(dim=-1, keepdim=True)
+            if token.item() in eos:
+                break
+            logits = model(input_ids=token, cache=cache, use_cache=True).logits
+            records.append(recorder.take())
+            decode_flags.append(torch.ones(1, dtype=torch.uint8))
     merged = {key: torch.cat([r[key] for r in records]) for key in records[0]}
     merged["decode"] = torch.cat(decode_flags)
     return merged

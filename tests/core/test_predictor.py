@@ -20,7 +20,7 @@ from seqmoe.predictor.evaluation import evaluate, frequency_scorer, hits_at, pre
 from seqmoe.predictor.samples import Positions, positions_of, split_documents
 from seqmoe.predictor.training import TrainingOptions, train_predictor, validation_loss
 from seqmoe.routers import find_routers
-from seqmoe.trace import model_identity, read_documents, read_traces, write_traces
+from seqmoe.trace import Document, RoutingRecorder, model_identity, read_documents, read_traces, trace_document, write_traces
 
 from .conftest import CHAT_TEXT
 
@@ -65,6 +65,21 @@ def test_a_re_trace_stopped_midway_leaves_no_trace_to_read(
         write_traces(folder, old.manifest["model"], stopped())
     with pytest.raises(SeqMoEError, match="no manifest"):
         read_traces(folder)
+
+
+def test_a_traced_continuation_is_decode_for_an_engines_cache(mixtral_dir: Path) -> None:
+    engine = Engine(load_model(str(mixtral_dir), device="cpu"))
+    engine.configure("lru", cache_ratio=0.5)
+    recorder = RoutingRecorder(engine.loaded)
+    try:
+        record = trace_document(engine.loaded, recorder, Document([5], 4))
+        decode, prefill = engine.cache.phases["decode"], engine.cache.phases["prefill"]
+    finally:
+        recorder.close()
+        engine.close()
+    # A one-token prompt is prefill; each greedy token is a decode step of 3 layers of top-2.
+    assert prefill.hits + prefill.misses == 3 * 2
+    assert decode.hits + decode.misses == int(record["decode"].sum()) * 3 * 2 > 0
 
 
 def test_a_shard_that_is_not_the_one_the_manifest_lists_is_refused(traced: tuple[Path, Path], tmp_path: Path) -> None:
