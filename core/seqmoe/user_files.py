@@ -42,7 +42,9 @@ def check_output(path: Path, flag: str, folder: bool = False, suffixes: tuple[st
         with tempfile.TemporaryFile(dir=where):
             pass
     except OSError as error:
-        raise SeqMoEError(f"{flag} {path}: cannot write in {where}: {_reason(error)}") from None
+        blocking = next((folder for folder in (where, *where.parents) if folder.exists()), where)
+        reason = f"{blocking} is a file, not a folder" if not blocking.is_dir() else _reason(error)
+        raise SeqMoEError(f"{flag} {path}: cannot write in {where}: {reason}") from None
     return path
 
 

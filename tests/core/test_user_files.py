@@ -55,7 +55,7 @@ def test_training_is_not_started_for_a_predictor_file_it_cannot_write(
     out = a_file / "predictor.safetensors"
     status = main(["train-predictor", "--traces", str(traced[1]), "--out", str(out)])
     error = last_error(capsys)
-    assert status == 2 and error.startswith(f"seqmoe: error: --out {out}: cannot write in {a_file}"), error
+    assert status == 2 and error == f"seqmoe: error: --out {out}: cannot write in {a_file}: {a_file} is a file, not a folder"
 
 
 def test_a_predictor_file_that_is_its_own_config_is_refused_before_training(
@@ -68,6 +68,15 @@ def test_a_predictor_file_that_is_its_own_config_is_refused_before_training(
         f"seqmoe: error: --out {out} is where the predictor's config goes, beside its weights; "
         f"give the weights file, such as {out.with_suffix('.safetensors')}")
     assert not out.exists()
+
+
+def test_a_file_above_the_output_is_named(traced: tuple[Path, Path], a_file: Path, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(seqmoe.predictor.commands, "train_predictor", never)
+    out = a_file / "deeper" / "predictor.safetensors"
+    status = main(["train-predictor", "--traces", str(traced[1]), "--out", str(out)])
+    assert status == 2 and last_error(capsys) == (
+        f"seqmoe: error: --out {out}: cannot write in {out.parent}: {a_file} is a file, not a folder")
 
 
 def test_a_bench_is_not_run_for_a_plot_it_cannot_write(mixtral_dir: Path, a_file: Path, capsys: pytest.CaptureFixture[str],
@@ -139,3 +148,4 @@ def test_calibration_is_not_started_when_its_predictor_cannot_be_stored(
     status = main(["calibrate", "--model", str(mixtral_dir), "--device", "cpu", "--text", str(a_file)])
     error = last_error(capsys)
     assert status == 2 and error.startswith("seqmoe: error: the predictor file ") and "cannot write in" in error, error
+
