@@ -438,6 +438,8 @@ def run_predictor_command(args: argparse.Namespace) -> int:
 
     if args.command == "train-predictor":
         return commands.run_train(args)
+    if args.command == "trace" and args.every_turn and not args.chat:  # before the model loads
+        raise SeqMoEError("--every-turn needs --chat: it traces a conversation once per user turn")
     runner = {"trace": commands.run_trace, "eval-predictor": commands.run_eval, "calibrate": commands.run_calibrate}
     return with_engine(runner[args.command])(args)
 

@@ -312,6 +312,19 @@ def test_trace_every_turn_replies_to_each_user_turn(traced: tuple[Path, Path], t
     assert len(pairs) == 24 and {p for _, p in pairs} == set(range(12))
 
 
+def test_every_turn_without_chat_is_refused_before_the_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import seqmoe.cli
+
+    monkeypatch.setattr(seqmoe.cli, "load_engine", lambda args: pytest.fail("the model was loaded"))
+    text = tmp_path / "chat.txt"
+    text.write_text(CHAT_TEXT)
+    status = main(["trace", "--text", str(text), "--out", str(tmp_path / "t"), "--every-turn"])
+    assert status == 2 and capsys.readouterr().err == (
+        "seqmoe: error: --every-turn needs --chat: it traces a conversation once per user turn\n")
+
+
 def test_calibration_traces_a_reply_to_every_user_turn_within_its_budget(tiny_models: dict[str, Path]) -> None:
     from seqmoe.predictor.calibration import collect_traces
 
