@@ -323,6 +323,10 @@ def wrapped(title: str, width: int = 110) -> str:
     return "\n".join(textwrap.fill(line, width) for line in title.splitlines())
 
 
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+"""Formats matplotlib writes without a backend of its own to install."""
+
+
 def plot(rows: list[BenchRow], bounds: list[CopyBound], path: Path, title: str) -> None:
     """Throughput relative to ``full`` against cache ratio, one line per policy, and the bound no
     policy passes (needs matplotlib)."""
@@ -341,8 +345,11 @@ def plot(rows: list[BenchRow], bounds: list[CopyBound], path: Path, title: str) 
     axes.axhline(1.0, color="grey", linestyle="--", label="full")
     axes.set_xlabel("cache ratio (experts on the device / all experts)")
     axes.set_ylabel("decode throughput relative to full")
-    axes.set_title(wrapped(title), fontsize=8)
+    axes.set_title(wrapped(title), fontsize=8, parse_math=False)  # a path's "$" is no formula
     axes.legend()
     figure.tight_layout()
     with writing(path):
-        figure.savefig(path, dpi=120)
+        try:
+            figure.savefig(path, dpi=120)
+        except ValueError as error:  # what matplotlib cannot draw or encode, in a message of several lines
+            raise SeqMoEError(f"cannot write {path}: {' '.join(str(error).split())}") from None

@@ -49,8 +49,7 @@ class CacheGeometry:
 
     @property
     def minimum_slots(self) -> int:
-        """One decode step of one layer needs ``top_k`` experts; one more leaves room to prefetch."""
-        return min(self.top_k + 1, self.total_experts)
+        return minimum_slots(self.total_experts, self.top_k)
 
     def budget_bytes_for(self, slots: int) -> int:
         return self.resident_bytes + self.kv_bytes + self.workspace_bytes + slots * self.bytes_per_expert
@@ -67,18 +66,25 @@ class CacheGeometry:
 
     def _checked(self, slots: int, ratio: float | None = None, budget_bytes: int | None = None) -> int:
         if slots < self.minimum_slots:
-            need = self.minimum_slots
-            least_bytes = self.budget_bytes_for(need)
+            least_bytes = self.budget_bytes_for(self.minimum_slots)
             decimals = 2 if budget_bytes is None else _decimals_telling_apart(budget_bytes, least_bytes)
             asked = f"cache ratio {ratio}" if budget_bytes is None else f"a budget of {budget_bytes / 2**30:.{decimals}f} GiB"
-            why = f"top-k {self.top_k} + 1" if need == self.top_k + 1 else f"all its experts: top-k {self.top_k}"
-            raise BudgetTooSmall(
-                f"{asked} leaves {slots} expert slots, below this model's minimum of {need} "
-                f"({why}): it needs a cache ratio of at least "
-                f"{math.ceil(need / self.total_experts * 100) / 100:.2f} or a VRAM budget of at least "
-                f"{_gib_rounded_up(least_bytes, decimals)} GiB"
-            )
+            raise BudgetTooSmall(f"{too_few_slots(asked, slots, self.total_experts, self.top_k)} or a VRAM budget "
+                                 f"of at least {_gib_rounded_up(least_bytes, decimals)} GiB")
         return slots
+
+
+def minimum_slots(total_experts: int, top_k: int) -> int:
+    """One decode step of one layer needs ``top_k`` experts; one more leaves room to prefetch."""
+    return min(top_k + 1, total_experts)
+
+
+def too_few_slots(asked: str, slots: int, total_experts: int, top_k: int) -> str:
+    """Why the ``slots`` that ``asked`` leaves are too few, and the least cache ratio that is enough."""
+    need = minimum_slots(total_experts, top_k)
+    why = f"top-k {top_k} + 1" if need == top_k + 1 else f"all its experts: top-k {top_k}"
+    return (f"{asked} leaves {slots} expert slots, below this model's minimum of {need} ({why}): "
+            f"it needs a cache ratio of at least {math.ceil(need / total_experts * 100) / 100:.2f}")
 
 
 def _gib_rounded_up(size: int, decimals: int) -> str:

@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="seqmoe", description="Offloaded Mixture-of-Experts inference.")
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="generate text with an offloaded MoE model")
-    add_model_arguments(generate, policy="seqmoe")  # as in the app: what the engine is for
+    add_model_arguments(generate)
+    add_cache_arguments(generate, policy="seqmoe")  # as in the app: what the engine is for
     generate.add_argument("--prompt", required=True, help="the prompt text")
     generate.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     generate.add_argument("--max-new-tokens", type=int, default=128)
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "before the reply, as the app does (instead of --link-gbps)")
 
     bench = commands.add_parser("bench", help="compare cache policies' decode speed against full residency")
-    add_model_arguments(bench)
+    add_model_arguments(bench)  # its own --policies and --cache-ratios size the caches
     bench.add_argument("--prompts", type=Path, help="one prompt per line (default: a few built-in chat prompts)")
     bench.add_argument("--max-new-tokens", type=int, default=64)
     bench.add_argument("--policies", default="lru,gate,seqmoe,oracle", help="comma-separated policies to compare with full")
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     trace = commands.add_parser("trace", help="record routing traces of a model over a text")
     add_model_arguments(trace)
+    add_cache_arguments(trace)
     add_text_arguments(trace)
     trace.add_argument("--out", type=Path, required=True, help="folder for the trace shards and manifest")
     trace.add_argument("--every-turn", action="store_true",
@@ -72,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval-predictor", help="forecast quality of the predictor and the baselines")
     add_model_arguments(evaluate)
+    add_cache_arguments(evaluate)
     add_text_arguments(evaluate)
     evaluate.add_argument("--predictor", type=Path, help="predictor file (default: the calibrated or bundled one)")
     evaluate.add_argument("--horizon", type=_positive, help="horizons to report (default: the predictor's)")
@@ -97,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     calibrate = commands.add_parser("calibrate", help="trace the calibration text and train this model's predictor")
     add_model_arguments(calibrate)
+    add_cache_arguments(calibrate)
     calibrate.add_argument("--text", type=Path, help="calibration text (default: the one shipped in resources/)")
     calibrate.add_argument("--epochs", type=_positive, default=15)
     calibrate.add_argument("--tokens", type=_positive, default=CALIBRATION_TOKENS,
@@ -133,14 +137,9 @@ def add_text_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--continuation", type=_whole, default=48, help="greedy tokens generated after each document")
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, policy: str = "lru") -> None:
-    """Flags shared by every command that runs a model. The commands that trace or measure a
-    model default to ``lru``, which runs no predictor."""
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by every command that runs a model."""
     parser.add_argument("--model", default=None, help="local folder or hub id (default: the bundled demo model)")
-    parser.add_argument("--policy", choices=POLICY_NAMES, default=policy, help="expert cache policy (default: %(default)s)")
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--cache-ratio", type=float, help="fraction of all routed experts kept on the device")
-    size.add_argument("--vram-budget", type=float, metavar="GB", help="device memory budget in GiB, all included")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--link-gbps", type=float, help="emulated host-to-device link speed in GB/s (default 25)")
     parser.add_argument("--link-latency-us", type=float, default=10.0, help="emulated per-copy latency in microseconds")
@@ -148,6 +147,15 @@ def add_model_arguments(parser: argparse.ArgumentParser, policy: str = "lru") ->
     parser.add_argument("--context", type=_context, default=DEFAULT_CONTEXT_TOKENS, metavar="TOKENS",
                         help=f"prompt and reply together, at most the model's own limit; the VRAM budget sets aside "
                              f"their KV cache (default {DEFAULT_CONTEXT_TOKENS})")
+
+
+def add_cache_arguments(parser: argparse.ArgumentParser, policy: str = "lru") -> None:
+    """The policy and size of the one cache a command runs with. The commands that trace or
+    measure a model default to ``lru``, which runs no predictor."""
+    parser.add_argument("--policy", choices=POLICY_NAMES, default=policy, help="expert cache policy (default: %(default)s)")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--cache-ratio", type=float, help="fraction of all routed experts kept on the device")
+    size.add_argument("--vram-budget", type=float, metavar="GB", help="device memory budget in GiB, all included")
 
 
 def load_engine(args: argparse.Namespace):
@@ -206,6 +214,7 @@ def run_generate(args: argparse.Namespace) -> int:
 def run_bench_command(args: argparse.Namespace) -> int:
     from .bench import (
         BUILT_IN_PROMPTS,
+        PLOT_SUFFIXES,
         event_stream_overhead,
         format_table,
         match_link,
@@ -213,10 +222,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         run_bench,
     )
 
-    policies = [p for p in args.policies.split(",") if p]
-    unknown = sorted(set(policies) - set(POLICY_NAMES))
-    if unknown:
-        raise SeqMoEError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICY_NAMES)}")
+    policies = policy_list(args.policies, POLICY_NAMES)
     ratios = cache_ratios(args.cache_ratios)
     if args.max_new_tokens < 2:
         raise SeqMoEError("--max-new-tokens must be at least 2: decode speed is timed from the second token on")
@@ -226,7 +232,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             raise SeqMoEError("--plot needs matplotlib: pip install matplotlib (or the package's [bench] extra)") from None
-        check_output(args.plot, "--plot")
+        check_output(args.plot, "--plot", suffixes=PLOT_SUFFIXES)
     engine = load_engine(args)
     chat = bool(engine.loaded.tokenizer.chat_template)
     prompts = [engine.encode(text, chat=chat) for text in texts]
@@ -295,15 +301,26 @@ def predictor_note(engine: Engine) -> str:
             f"the next layer's router; `seqmoe calibrate --model {engine.loaded.path}` trains one")
 
 
+def policy_list(text: str, known: Sequence[str]) -> list[str]:
+    """The comma-separated ``--policies``, each one of ``known``, each once, in the order given."""
+    policies = list(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    unknown = [p for p in policies if p not in known]
+    if unknown or not policies:
+        what = f"unknown policy {unknown[0]!r}" if unknown else f"--policies names no policy ({text!r})"
+        raise SeqMoEError(f"{what}; choose from {', '.join(known)}")
+    return policies
+
+
 def cache_ratios(text: str) -> list[float]:
-    """The comma-separated ``--cache-ratios``, each a share of all experts: above 0, at most 1."""
+    """The comma-separated ``--cache-ratios``, each a share of all experts: above 0, at most 1;
+    each once, in the order given."""
     try:
         ratios = [float(r) for r in text.split(",") if r.strip()]
     except ValueError:
         ratios = []
     if not ratios or not all(0 < r <= 1 for r in ratios):
         raise SeqMoEError(f"--cache-ratios takes shares of all experts, above 0 and at most 1, comma-separated; got {text!r}")
-    return ratios
+    return list(dict.fromkeys(ratios))
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -331,7 +348,7 @@ def traced_routers(model: str | None, identity: dict[str, object]) -> list[Route
 def run_simulate(args: argparse.Namespace) -> int:
     from .predictor.calibration import find_predictor_for
     from .predictor.model import load_predictor
-    from .simulate import copy_bound, simulate
+    from .simulate import cache_slots, copy_bound, simulate
     from .trace import read_traces
 
     if args.profile not in HARDWARE:
@@ -339,8 +356,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.shape not in SHAPES:
         raise SeqMoEError(f"unknown shape {args.shape!r}; shapes: {', '.join(SHAPES)}")
     ratios = cache_ratios(args.cache_ratios)
+    policies = policy_list(args.policies, SIMULATED_POLICIES)
     traces = read_traces(args.traces)
-    policies = [p for p in args.policies.split(",") if p]
+    for ratio in ratios:  # each refused before the replays of the others, not after
+        cache_slots(traces, ratio)
     predictor = None
     if "seqmoe" in policies:
         path = args.predictor or find_predictor_for(traces.manifest["model"])
@@ -419,6 +438,8 @@ def run_predictor_command(args: argparse.Namespace) -> int:
 
     if args.command == "train-predictor":
         return commands.run_train(args)
+    if args.command == "trace" and args.every_turn and not args.chat:  # before the model loads
+        raise SeqMoEError("--every-turn needs --chat: it traces a conversation once per user turn")
     runner = {"trace": commands.run_trace, "eval-predictor": commands.run_eval, "calibrate": commands.run_calibrate}
     return with_engine(runner[args.command])(args)
 

@@ -342,8 +342,7 @@ class Engine:
         (Gemma 2's, the first Mixtral's) gets the system prompt at the head of the first user
         turn, where those models take their instructions."""
         tokenizer = self.loaded.tokenizer
-        if not tokenizer.chat_template:
-            raise SeqMoEError(f"{self.loaded.path.name} has no chat template; use a plain prompt")
+        self.loaded.check_chat_template()
         attempts = [messages]
         folded = _system_in_first_user_turn(messages)
         if folded is not None:

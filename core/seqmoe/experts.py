@@ -89,6 +89,8 @@ class OffloadedLayer:
         self.num_layers = num_layers
         self.cache = cache
         self.base = base
+        self.decoding = False
+        """Set by ``decode_phase``: a prompt of one token is prefill all the same."""
 
     def _look_ahead(self, hidden: torch.Tensor, index: torch.Tensor, prefill: bool) -> None:
         policy = self.cache.policy
@@ -107,7 +109,7 @@ class OffloadedLayer:
     def forward(self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         # One device-to-host sync per layer: the router's choice decides what to copy.
         needed = torch.unique(index).tolist()
-        prefill = hidden.shape[0] > 1
+        prefill = not self.decoding
         if len(needed) <= self.cache.size:
             slots = self.cache.acquire(self.layer, needed, prefill, lambda: self._look_ahead(hidden, index, prefill))
             try:
@@ -168,7 +170,8 @@ def follow_decode_switch(model: nn.Module, experts: Sequence[nn.Module], name: s
 
     On the CPU, where transformers keeps the kernel, the decode steps of a model with small
     experts (``expert_bytes`` each, below ``SMALL_EXPERT_BYTES``) run on one thread; prefill keeps every thread. Every policy,
-    ``full`` included, decodes so."""
+    ``full`` included, decodes so. The switch is also where the offloaded layers learn that
+    prefill is over (``decode_phase``)."""
     decode = DECODE_IMPLEMENTATIONS.get(name)
     one_thread = expert_bytes < SMALL_EXPERT_BYTES
     # The model holds the switch: a strong reference back would make the model a cycle that only
@@ -179,19 +182,33 @@ def follow_decode_switch(model: nn.Module, experts: Sequence[nn.Module], name: s
     def switched() -> Iterator[None]:
         device = model_ref().device
         if device.type == "cpu":  # transformers' own condition for keeping the kernel
-            with one_cpu_thread(device) if one_thread else nullcontext():
+            with one_cpu_thread(device) if one_thread else nullcontext(), decode_phase(experts):
                 yield
             return
-        if decode is None:
-            yield
-            return
-        _set_base(experts, decode)
+        _set_base(experts, decode or name)
         try:
-            yield
+            with decode_phase(experts):
+                yield
         finally:
             _set_base(experts, name)
 
     model._optimize_model_for_decode = switched
+
+
+@contextmanager
+def decode_phase(experts: Sequence[nn.Module]) -> Iterator[None]:
+    """The forward passes in the block are decode steps, each after the last: the offloaded
+    layers of ``experts`` count, forecast and copy for decode. Outside it they are prefill,
+    whatever their number of tokens."""
+    runtimes = [module.__dict__.get(_RUNTIME_ATTR) for module in experts]
+    offloaded = [runtime for runtime in runtimes if isinstance(runtime, OffloadedLayer)]
+    for runtime in offloaded:
+        runtime.decoding = True
+    try:
+        yield
+    finally:
+        for runtime in offloaded:
+            runtime.decoding = False
 
 
 def _set_base(experts: Sequence[nn.Module], name: str) -> None:

@@ -36,7 +36,7 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
 )
 
-from .errors import ModelRefused
+from .errors import ModelRefused, SeqMoEError
 from .hub_files import IN_A_FOLDER, INDEX_FILE, SMALL_PATTERNS, WEIGHT_PATTERN, index_shards
 from .layer_configs import largest_int
 from .pinned import CudaHostRegistry, PinnedBuffers
@@ -78,6 +78,11 @@ class LoadedModel:
     @property
     def context_limit(self) -> int | None:
         return context_limit(self.config)
+
+    def check_chat_template(self) -> None:
+        """Refuse chat input, in one line, for a model whose tokenizer has no chat template."""
+        if not self.tokenizer.chat_template:
+            raise SeqMoEError(f"{self.path.name} has no chat template; use a plain prompt")
 
     @property
     def resident_bytes(self) -> int:

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 import torch
 
 from .bound import Access, CopyBound, fewest_copies
+from .budget import minimum_slots, too_few_slots
 from .cache import ExpertCache
 from .compression import RawExpert
+from .errors import BudgetTooSmall
 from .events import EventBus
 from .hardware import Hardware, ModelShape
 from .policies import ORACLE_NEXT, ORACLES, GatePolicy, LRUPolicy, OraclePolicy, Policy, SeqMoEPolicy
@@ -224,9 +226,13 @@ def simulate(
 
 
 def cache_slots(traces: Traces, cache_ratio: float) -> int:
-    """The slots of a cache holding ``cache_ratio`` of all experts (at least top-k + 1, as the engine's)."""
-    layers, experts = traces.experts.shape[1], traces.probs.shape[-1]
-    return max(round(cache_ratio * layers * experts), traces.experts.shape[2] + 1)
+    """The slots of a cache holding ``cache_ratio`` of all experts; refused below the engine's
+    minimum, as the engine refuses it."""
+    total, top_k = traces.experts.shape[1] * traces.probs.shape[-1], traces.experts.shape[2]
+    slots = round(cache_ratio * total)
+    if slots < minimum_slots(total, top_k):
+        raise BudgetTooSmall(too_few_slots(f"cache ratio {cache_ratio}", slots, total, top_k))
+    return slots
 
 
 def copy_bound(traces: Traces, cache_ratio: float, hardware: Hardware, shape: ModelShape) -> CopyBound:

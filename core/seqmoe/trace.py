@@ -28,13 +28,16 @@ from torch import nn
 from transformers import DynamicCache
 
 from .errors import SeqMoEError
+from .experts import decode_phase
 from .loader import LoadedModel
 from .routers import Router, chosen_experts, find_routers
-from .user_files import check_output, replacing, writing
+from .user_files import output_folder, replacing, writing
 
 FORMAT_VERSION = 1
 SHARD_TOKENS = 8192
 PREFILL_CHUNK = 128
+SHARD_KEYS = {"hidden", "experts", "probs", "document", "decode"}
+"""The tensors every shard holds (``paragraph`` came later: older traces lack it)."""
 
 
 def model_identity(loaded: LoadedModel) -> dict[str, object]:
@@ -130,6 +133,7 @@ def read_documents(text: str, tokenize: Callable[[list[str]], list[int]], every_
 
 def chat_tokenizer(loaded: LoadedModel) -> Callable[[list[str]], list[int]]:
     """Lines alternate user and assistant turns; the result ends with the assistant's prompt."""
+    loaded.check_chat_template()
     tokenizer = loaded.tokenizer
 
     def tokenize(lines: list[str]) -> list[int]:
@@ -161,13 +165,14 @@ def trace_document(
         records.append(recorder.take())
         decode_flags.append(torch.zeros(piece.shape[1], dtype=torch.uint8))
     eos = set(_eos_ids(loaded))
-    for _ in range(document.continuation):
-        token = logits[:, -1].argmax(dim=-1, keepdim=True)
-        if token.item() in eos:
-            break
-        logits = model(input_ids=token, cache=cache, use_cache=True).logits
-        records.append(recorder.take())
-        decode_flags.append(torch.ones(1, dtype=torch.uint8))
+    with decode_phase(loaded.experts):  # for an engine's offloaded layers, as its generate runs them
+        for _ in range(document.continuation):
+            token = logits[:, -1].argmax(dim=-1, keepdim=True)
+            if token.item() in eos:
+                break
+            logits = model(input_ids=token, cache=cache, use_cache=True).logits
+            records.append(recorder.take())
+            decode_flags.append(torch.ones(1, dtype=torch.uint8))
     merged = {key: torch.cat([r[key] for r in records]) for key in records[0]}
     merged["decode"] = torch.cat(decode_flags)
     return merged
@@ -249,11 +254,38 @@ def document_runs(traces: Traces) -> list[tuple[int, list[Run]]]:
 
 def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[str, torch.Tensor]]) -> dict[str, object]:
     """Write ``records`` as shards of about ``SHARD_TOKENS`` tokens and the manifest last. An
-    earlier trace's manifest goes first: a run stopped midway leaves no folder that reads as a
-    trace, where its shards would mix with the earlier ones."""
-    check_output(out, "the trace folder", folder=True)
-    with writing(out / "manifest.json"):
-        (out / "manifest.json").unlink(missing_ok=True)
+    earlier trace's manifest goes once the first record is there: a run stopped midway leaves no
+    folder that reads as a trace, where its shards would mix with the earlier ones. A run that
+    fails removes the shards it wrote, and the folder if it made it; a ``manifest.json`` that is
+    not a trace's is the user's own, and refused before any tracing."""
+    manifest_file = out / "manifest.json"
+    with output_folder(out, "the trace folder"):
+        if manifest_file.exists() and not _is_trace_manifest(manifest_file):
+            raise SeqMoEError(f"the trace folder {out} holds a manifest.json that is not a seqmoe trace; give another folder")
+        written: list[Path] = []
+        try:
+            manifest = _write_shards(out, identity, records, written)
+            with writing(manifest_file), replacing(manifest_file) as partial:
+                partial.write_text(json.dumps(manifest, indent=2))
+        except BaseException:
+            for shard in written:
+                shard.unlink(missing_ok=True)
+            raise
+    return manifest
+
+
+def _is_trace_manifest(file: Path) -> bool:
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == "seqmoe-trace"
+
+
+def _write_shards(
+    out: Path, identity: dict[str, object], records: Iterator[dict[str, torch.Tensor]], written: list[Path]
+) -> dict[str, object]:
+    """The shards of ``records`` (each file added to ``written`` before it is), and the manifest to list them."""
     shards, pending, pending_tokens = [], [], 0
     totals = {"tokens": 0, "decode_tokens": 0, "documents": 0}
 
@@ -262,13 +294,17 @@ def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[
         if not pending:
             return
         tensors = {key: torch.cat([r[key] for r in pending]).contiguous() for key in pending[0]}
-        name = f"shard-{len(shards):05d}.safetensors"
-        with writing(out / name):
-            save_file(tensors, str(out / name))
-        shards.append({"file": name, "tokens": tensors["document"].shape[0]})
+        shard = out / f"shard-{len(shards):05d}.safetensors"
+        written.append(shard)
+        with writing(shard):
+            save_file(tensors, str(shard))
+        shards.append({"file": shard.name, "tokens": tensors["document"].shape[0]})
         pending, pending_tokens = [], 0
 
     for record in records:
+        if not pending and not shards:
+            with writing(out / "manifest.json"):
+                (out / "manifest.json").unlink(missing_ok=True)
         pending.append(record)
         pending_tokens += record["document"].shape[0]
         totals["tokens"] += record["document"].shape[0]
@@ -279,7 +315,7 @@ def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[
     flush()
     if not shards:
         raise SeqMoEError("the text produced no tokens to trace")
-    manifest = {
+    return {
         "format": "seqmoe-trace",
         "version": FORMAT_VERSION,
         "model": identity,
@@ -290,9 +326,6 @@ def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[
         "prefill_tokens": totals["tokens"] - totals["decode_tokens"],
         "shards": shards,
     }
-    with writing(out / "manifest.json"), replacing(out / "manifest.json") as partial:
-        partial.write_text(json.dumps(manifest, indent=2))
-    return manifest
 
 
 def read_traces(folder: Path) -> Traces:
@@ -305,13 +338,19 @@ def read_traces(folder: Path) -> Traces:
         raise SeqMoEError(f"{manifest_file} cannot be read: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != "seqmoe-trace" or manifest.get("version") != FORMAT_VERSION:
         raise SeqMoEError(f"{folder} holds traces of an unknown format or version")
+    listed = manifest.get("shards")
+    if not isinstance(manifest.get("model"), dict) or not isinstance(listed, list) or not listed or not all(
+        isinstance(shard, dict) and isinstance(shard.get("file"), str) and isinstance(shard.get("tokens"), int)
+        for shard in listed
+    ):
+        raise SeqMoEError(f"{manifest_file} is damaged: it lacks the traced model or the list of shards; trace again")
     shards = []
-    for shard in manifest["shards"]:
+    for shard in listed:
         try:
             tensors = load_file(str(folder / shard["file"]))
         except (OSError, SafetensorError) as error:
             raise SeqMoEError(f"trace shard {folder / shard['file']} cannot be read: {error}") from None
-        if tensors["document"].shape[0] != shard["tokens"]:
+        if not SHARD_KEYS <= tensors.keys() or tensors["document"].shape[0] != shard["tokens"]:
             raise SeqMoEError(f"trace shard {folder / shard['file']} is not the one {manifest_file.name} lists; trace again")
         shards.append(tensors)
     joined = {key: torch.cat([s[key] for s in shards]) for key in shards[0]}

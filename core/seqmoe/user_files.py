@@ -25,9 +25,12 @@ def read_text(path: Path, what: str = "") -> str:
         raise SeqMoEError(f"cannot read {what}{path}: {_reason(error)}") from None
 
 
-def check_output(path: Path, flag: str, folder: bool = False) -> Path:
+def check_output(path: Path, flag: str, folder: bool = False, suffixes: tuple[str, ...] = ()) -> Path:
     """Refuse ``path`` (given with ``flag``) if a file (or with ``folder``, a folder) cannot be
-    written there; the folders it needs are made."""
+    written there, or if its name ends in none of ``suffixes`` (when given); the folders it needs
+    are made."""
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise SeqMoEError(f"{flag} {path}: give a file name ending in {', '.join(suffixes)}")
     if folder and path.exists() and not path.is_dir():
         raise SeqMoEError(f"{flag} {path} is a file; give a folder")
     if not folder and path.is_dir():
@@ -39,8 +42,27 @@ def check_output(path: Path, flag: str, folder: bool = False) -> Path:
         with tempfile.TemporaryFile(dir=where):
             pass
     except OSError as error:
-        raise SeqMoEError(f"{flag} {path}: cannot write in {where}: {_reason(error)}") from None
+        blocking = next((folder for folder in (where, *where.parents) if folder.exists()), where)
+        reason = f"{blocking} is a file, not a folder" if not blocking.is_dir() else _reason(error)
+        raise SeqMoEError(f"{flag} {path}: cannot write in {where}: {reason}") from None
     return path
+
+
+@contextmanager
+def output_folder(path: Path, flag: str) -> Iterator[Path]:
+    """``check_output`` of a folder to write in during the block. If the block fails, the folders
+    that check made are removed again where the block left them empty."""
+    made = [folder for folder in (path, *path.parents) if not folder.exists()]  # deepest first
+    check_output(path, flag, folder=True)
+    try:
+        yield path
+    except BaseException:
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: the user's now, or the block's to explain
+                break
+        raise
 
 
 @contextmanager

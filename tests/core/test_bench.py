@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
+import seqmoe.bench
 from seqmoe import Engine, Sampling, load_model
-from seqmoe.bench import emulated_copy_seconds, full_speed, layer_seconds, match_link, run_bench, wrapped
-from seqmoe.cli import main
+from seqmoe.bench import emulated_copy_seconds, full_speed, layer_seconds, match_link, plot, run_bench, wrapped
+from seqmoe.cli import build_parser, main
 from seqmoe.errors import SeqMoEError
 from seqmoe.hardware import DEFAULT_SETUP
 
@@ -70,6 +71,8 @@ def test_bench_reports_every_policy_and_ratio_with_identical_tokens(
         (["--max-new-tokens", "1"], "--max-new-tokens must be at least 2"),
         (["--cache-ratios", "0.5,half"], "--cache-ratios takes shares of all experts"),
         (["--cache-ratios", "1.5"], "above 0 and at most 1"),
+        (["--policies", ","], "--policies names no policy"),
+        (["--policies", "lru,belady"], "unknown policy 'belady'"),
         (["--prompts", "{missing}"], "cannot read the prompts file"),
         (["--prompts", "{empty}"], "holds no prompts"),
         (["--prompts", "{long}"], "prompt 2: the prompt is"),
@@ -88,6 +91,22 @@ def test_bench_refuses_bad_flags_in_one_line(
     assert status == 2 and message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("flags", [["--policy", "lru"], ["--vram-budget", "1"]])
+def test_bench_refuses_the_single_cache_flags_it_would_ignore(
+    mixtral_dir: Path, capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(["bench", "--model", str(mixtral_dir), "--device", "cpu", *flags])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and f"unrecognized arguments: {' '.join(flags)}" in err
+
+
+def test_bench_cache_ratio_is_read_as_its_cache_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse takes a unique prefix for the whole flag: what the user meant, not ignored.
+    args = build_parser().parse_args(["bench", "--cache-ratio", "0.3"])
+    assert args.cache_ratios == "0.3" and not hasattr(args, "cache_ratio")
+
+
 def test_a_plot_without_matplotlib_is_refused_before_the_run(
     mixtral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -95,6 +114,33 @@ def test_a_plot_without_matplotlib_is_refused_before_the_run(
     status = main(["bench", "--model", str(mixtral_dir), "--device", "cpu", "--plot", str(tmp_path / "p.png")])
     out, err = capsys.readouterr()
     assert status == 2 and "--plot needs matplotlib" in err and out == ""
+
+
+def test_a_plot_matplotlib_cannot_write_is_refused_before_the_run(
+    mixtral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", ModuleType("matplotlib"))  # present, whether installed or not
+    monkeypatch.setattr(seqmoe.bench, "run_bench", never_run)
+    plot = tmp_path / "bench.txt"
+    status = main(["bench", "--model", str(mixtral_dir), "--device", "cpu", "--plot", str(plot)])
+    out, err = capsys.readouterr()
+    assert status == 2 and out == ""
+    assert err.strip() == f"seqmoe: error: --plot {plot}: give a file name ending in .png, .pdf, .svg"
+
+
+def never_run(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the bench ran for a plot it could not write")
+
+
+def test_a_plot_that_fails_to_draw_is_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    rows = [SimpleNamespace(policy="lru", cache_ratio=0.5, ratio_to_full=0.4)]
+    # A "$" in a path of the title is text, not a formula matplotlib fails to parse.
+    plot(rows, [], tmp_path / "ok.png", r"predictor /home/a$x^$/p.safetensors")
+    assert (tmp_path / "ok.png").stat().st_size > 0
+    with pytest.raises(SeqMoEError) as refused:
+        plot(rows, [], tmp_path / "bench.raw.gz", "title")  # a suffix matplotlib has no writer for
+    assert "\n" not in str(refused.value) and str(refused.value).startswith(f"cannot write {tmp_path / 'bench.raw.gz'}: ")
 
 
 def test_a_reply_that_ends_at_its_first_token_is_benched_with_the_others(mixtral_dir: Path) -> None:

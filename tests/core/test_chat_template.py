@@ -6,11 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import json
+import shutil
+
 import pytest
 
 from seqmoe import Engine, SeqMoEError, load_model
+from seqmoe.cli import main
 
-from .conftest import CHAT_TEMPLATE
+from .conftest import CHAT_TEMPLATE, CHAT_TEXT
 
 NO_SYSTEM = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
 ALTERNATING = (
@@ -60,3 +64,21 @@ def test_the_templates_own_refusal_is_the_message(engine: Engine) -> None:
 def test_a_model_without_a_chat_template_asks_for_a_plain_prompt(engine: Engine) -> None:
     with pytest.raises(SeqMoEError, match="has no chat template; use a plain prompt"):
         ids_with(engine, None, [turn("user", "Hi")])
+
+
+@pytest.mark.parametrize("command", [["trace", "--out", "{out}"], ["eval-predictor"]])
+def test_chat_text_for_a_model_without_a_chat_template_is_refused_in_one_line(
+    mixtral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    model = shutil.copytree(mixtral_dir, tmp_path / "plain")
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    text = tmp_path / "chat.txt"
+    text.write_text(CHAT_TEXT)
+    out = tmp_path / "traces"
+    command = [flag.format(out=out) for flag in command]
+    status = main([*command, "--model", str(model), "--device", "cpu", "--text", str(text), "--chat"])
+    assert status == 2 and capsys.readouterr().err == "seqmoe: error: plain has no chat template; use a plain prompt\n"
+    assert not out.exists()

@@ -14,6 +14,7 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 from seqmoe import Engine, Sampling, load_model
 from seqmoe import experts as experts_impl
 from seqmoe.budget import kv_cache_bytes
+from seqmoe.cli import main
 from seqmoe.events import LayerRouted
 
 from .conftest import FAMILIES, build_model, layers_that_differ, store_experts_as_mxfp4
@@ -101,6 +102,18 @@ def test_small_cache_really_offloads(mixtral_dir: Path) -> None:
     assert stats.misses > 0 and stats.h2d_bytes == stats.misses * expert
     assert (stats.prefill_h2d_bytes, stats.decode_h2d_bytes) == (stats.prefill_misses * expert, stats.decode_misses * expert)
     assert stats.hit_rate < 1.0
+
+
+@pytest.mark.parametrize("policy", ["lru", "seqmoe"])
+def test_a_one_token_prompt_is_prefill(mixtral_dir: Path, capsys: pytest.CaptureFixture[str], policy: str) -> None:
+    """The phase comes from the engine, not from the number of tokens a layer sees."""
+    status = main(["generate", "--model", str(mixtral_dir), "--device", "cpu", "--prompt", "H", "--max-new-tokens", "1",
+                   "--json", "--policy", policy, "--cache-ratio", "0.3"])
+    reply = json.loads(capsys.readouterr().out)
+    stats = reply["stats"]
+    assert status == 0 and reply["prompt_tokens"] == 1
+    assert stats["prefill_misses"] > 0 and stats["decode_hits"] + stats["decode_misses"] == 0
+    assert stats["decode_h2d_bytes"] == 0
 
 
 def test_prefill_and_decode_copies_add_up_to_what_the_link_carried(mixtral_dir: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import seqmoe.trace
 from seqmoe import Engine, SeqMoEError, load_model
@@ -19,7 +20,7 @@ from seqmoe.predictor.evaluation import evaluate, frequency_scorer, hits_at, pre
 from seqmoe.predictor.samples import Positions, positions_of, split_documents
 from seqmoe.predictor.training import TrainingOptions, train_predictor, validation_loss
 from seqmoe.routers import find_routers
-from seqmoe.trace import model_identity, read_documents, read_traces, write_traces
+from seqmoe.trace import Document, RoutingRecorder, model_identity, read_documents, read_traces, trace_document, write_traces
 
 from .conftest import CHAT_TEXT
 
@@ -66,11 +67,53 @@ def test_a_re_trace_stopped_midway_leaves_no_trace_to_read(
         read_traces(folder)
 
 
+def test_a_traced_continuation_is_decode_for_an_engines_cache(mixtral_dir: Path) -> None:
+    engine = Engine(load_model(str(mixtral_dir), device="cpu"))
+    engine.configure("lru", cache_ratio=0.5)
+    recorder = RoutingRecorder(engine.loaded)
+    try:
+        record = trace_document(engine.loaded, recorder, Document([5], 4))
+        decode, prefill = engine.cache.phases["decode"], engine.cache.phases["prefill"]
+    finally:
+        recorder.close()
+        engine.close()
+    # A one-token prompt is prefill; each greedy token is a decode step of 3 layers of top-2.
+    assert prefill.hits + prefill.misses == 3 * 2
+    assert decode.hits + decode.misses == int(record["decode"].sum()) * 3 * 2 > 0
+
+
 def test_a_shard_that_is_not_the_one_the_manifest_lists_is_refused(traced: tuple[Path, Path], tmp_path: Path) -> None:
     folder = shutil.copytree(traced[1], tmp_path / "traces")
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["shards"][0]["tokens"] += 1
     (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SeqMoEError, match="is not the one manifest.json lists"):
+        read_traces(folder)
+
+
+@pytest.mark.parametrize("damage", [{"shards": []}, {"shards": None}, {"model": None}, {"shards": [{"file": 3}]}])
+@pytest.mark.parametrize("command", [["simulate", "--policies", "lru"], ["train-predictor", "--out", "p.safetensors"]])
+def test_a_damaged_manifest_is_refused_in_one_line(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: dict, command: list[str]
+) -> None:
+    folder = shutil.copytree(traced[1], tmp_path / "traces")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest.update(damage)
+    manifest = {key: value for key, value in manifest.items() if value is not None}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    command = [str(tmp_path / arg) if arg.endswith(".safetensors") else arg for arg in command]
+    status = main([*command, "--traces", str(folder)])
+    err = capsys.readouterr().err
+    assert status == 2 and err == (f"seqmoe: error: {folder / 'manifest.json'} is damaged: it lacks the traced model "
+                                   "or the list of shards; trace again\n")
+
+
+def test_a_shard_without_the_tensors_of_a_trace_is_refused(traced: tuple[Path, Path], tmp_path: Path) -> None:
+    folder = shutil.copytree(traced[1], tmp_path / "traces")
+    shard = folder / "shard-00000.safetensors"
+    tensors = load_file(str(shard))
+    del tensors["probs"]
+    save_file(tensors, str(shard))
     with pytest.raises(SeqMoEError, match="is not the one manifest.json lists"):
         read_traces(folder)
 
@@ -157,6 +200,43 @@ def test_predictor_for_another_model_is_refused(traced: tuple[Path, Path], tiny_
     assert "calibrate" in capsys.readouterr().err
 
 
+def test_eval_predictor_reports_what_the_predictor_costs_a_decode_step(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, out = traced
+    path = tmp_path / "p.safetensors"
+    save_predictor(train_predictor(read_traces(out), TrainingOptions(epochs=1, width=16), progress=False), path)
+    text = tmp_path / "t.txt"
+    text.write_text(CHAT_TEXT)
+    status = main(["eval-predictor", "--model", str(model), "--text", str(text), "--predictor", str(path),
+                   "--continuation", "2", "--max-tokens", "200", "--json", "--device", "cpu"])
+    assert status == 0
+    cost = json.loads(capsys.readouterr().out)["predictor"]
+    assert cost["stride"] == 1 and cost["forecasts_per_decode_step"] == pytest.approx(3, abs=0.5)  # 3 MoE layers
+    assert cost["ms_per_forecast"] > 0 and 0 < cost["cost_fraction_of_decode_step"] < 1
+
+
+def test_a_damaged_predictor_file_is_named_in_one_line(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, out = traced
+    traces = read_traces(out)
+    path, wider = tmp_path / "p.safetensors", tmp_path / "wider.safetensors"
+    save_predictor(train_predictor(traces, TrainingOptions(epochs=1, width=16), progress=False), path)
+    save_predictor(train_predictor(traces, TrainingOptions(epochs=1, width=24), progress=False), wider)
+    weights = path.read_bytes()
+    path.write_bytes(b"not safetensors at all")
+    status = main(["simulate", "--traces", str(out), "--policies", "seqmoe", "--predictor", str(path)])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith(f"seqmoe: error: predictor {path} cannot be read: ") and len(err.splitlines()) == 1
+    path.write_bytes(wider.read_bytes())  # whole, but not the weights its config describes
+    with pytest.raises(SeqMoEError, match="does not hold the weights p.json describes") as refused:
+        load_predictor(path)
+    assert "\n" not in str(refused.value)
+    path.write_bytes(weights)
+    assert load_predictor(path).config.width == 16
+
+
 def test_hits_count_the_actual_experts_among_the_best_scores() -> None:
     scores = torch.tensor([[0.9, 0.1, 0.8, 0.3], [0.2, 0.7, 0.1, 0.6]])
     actual = torch.tensor([[0, 3], [1, 3]])
@@ -230,6 +310,19 @@ def test_trace_every_turn_replies_to_each_user_turn(traced: tuple[Path, Path], t
     every = read_traces(out)
     pairs = {(d, p) for d, p in zip(every.document.tolist(), every.paragraph.tolist())}
     assert len(pairs) == 24 and {p for _, p in pairs} == set(range(12))
+
+
+def test_every_turn_without_chat_is_refused_before_the_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import seqmoe.cli
+
+    monkeypatch.setattr(seqmoe.cli, "load_engine", lambda args: pytest.fail("the model was loaded"))
+    text = tmp_path / "chat.txt"
+    text.write_text(CHAT_TEXT)
+    status = main(["trace", "--text", str(text), "--out", str(tmp_path / "t"), "--every-turn"])
+    assert status == 2 and capsys.readouterr().err == (
+        "seqmoe: error: --every-turn needs --chat: it traces a conversation once per user turn\n")
 
 
 def test_calibration_traces_a_reply_to_every_user_turn_within_its_budget(tiny_models: dict[str, Path]) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import seqmoe.simulate
 from seqmoe import Engine, Sampling, load_model
 from seqmoe.cli import main
 from seqmoe.policies import Policy
@@ -117,11 +118,37 @@ def test_simulated_gate_refuses_routers_of_another_model(
 @pytest.mark.parametrize(("flags", "message"), [(["--cache-ratios", "0,0.5"], "above 0 and at most 1"),
                                                 (["--profile", "rtx3090"], "unknown profile 'rtx3090'"),
                                                 (["--shape", "llama"], "unknown shape 'llama'"),
-                                                (["--packed-share", "1.5"], "--packed-share is the share")])
+                                                (["--packed-share", "1.5"], "--packed-share is the share"),
+                                                (["--policies", ","], "--policies names no policy (','); choose from lru"),
+                                                (["--policies", "lru,full"], "unknown policy 'full'; choose from lru, gate")])
 def test_simulate_command_refuses_bad_flags(traced: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
                                             flags: list[str], message: str) -> None:
     status = main(["simulate", "--traces", str(traced[1]), "--policies", "lru", *flags])
-    assert status == 2 and message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert status == 2 and message in err and len(err.splitlines()) == 1, err
+
+
+def test_simulate_refuses_an_unknown_policy_before_reading_the_traces(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["simulate", "--traces", str(tmp_path / "nowhere"), "--policies", "lru,belady"])
+    assert status == 2 and "unknown policy 'belady'" in capsys.readouterr().err
+
+
+def test_simulate_refuses_a_ratio_below_the_minimum_cache_before_any_replay(
+    traced: tuple[Path, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(seqmoe.simulate, "replay_steps", lambda *args: pytest.fail("a replay ran"))
+    status = main(["simulate", "--traces", str(traced[1]), "--policies", "lru", "--cache-ratios", "0.5,0.01"])
+    # 3 layers of 8 experts, top-4: as generate says it for a cache of that model.
+    assert status == 2 and capsys.readouterr().err == (
+        "seqmoe: error: cache ratio 0.01 leaves 0 expert slots, below this model's minimum of 5 (top-k 4 + 1): "
+        "it needs a cache ratio of at least 0.21\n")
+
+
+def test_simulate_runs_a_policy_and_ratio_given_twice_once(traced: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["simulate", "--traces", str(traced[1]), "--policies", "lru,lru", "--cache-ratios", "0.5,0.5", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 0 and [(row["policy"], row["cache_ratio"]) for row in report["rows"]] == [("lru", 0.5)]
+    assert len(report["bounds"]) == 1
 
 
 def _decode_only(sequence: list[int], experts: int) -> Traces:

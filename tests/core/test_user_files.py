@@ -55,7 +55,28 @@ def test_training_is_not_started_for_a_predictor_file_it_cannot_write(
     out = a_file / "predictor.safetensors"
     status = main(["train-predictor", "--traces", str(traced[1]), "--out", str(out)])
     error = last_error(capsys)
-    assert status == 2 and error.startswith(f"seqmoe: error: --out {out}: cannot write in {a_file}"), error
+    assert status == 2 and error == f"seqmoe: error: --out {out}: cannot write in {a_file}: {a_file} is a file, not a folder"
+
+
+def test_a_predictor_file_that_is_its_own_config_is_refused_before_training(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(seqmoe.predictor.commands, "train_predictor", never)
+    out = tmp_path / "pred" / "model.json"
+    status = main(["train-predictor", "--traces", str(traced[1]), "--out", str(out)])
+    assert status == 2 and last_error(capsys) == (
+        f"seqmoe: error: --out {out} is where the predictor's config goes, beside its weights; "
+        f"give the weights file, such as {out.with_suffix('.safetensors')}")
+    assert not out.exists()
+
+
+def test_a_file_above_the_output_is_named(traced: tuple[Path, Path], a_file: Path, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(seqmoe.predictor.commands, "train_predictor", never)
+    out = a_file / "deeper" / "predictor.safetensors"
+    status = main(["train-predictor", "--traces", str(traced[1]), "--out", str(out)])
+    assert status == 2 and last_error(capsys) == (
+        f"seqmoe: error: --out {out}: cannot write in {out.parent}: {a_file} is a file, not a folder")
 
 
 def test_a_bench_is_not_run_for_a_plot_it_cannot_write(mixtral_dir: Path, a_file: Path, capsys: pytest.CaptureFixture[str],
@@ -74,6 +95,36 @@ def test_a_full_disk_while_tracing_ends_in_one_line(mixtral_dir: Path, a_file: P
     status = main(["trace", "--model", str(mixtral_dir), "--device", "cpu", "--text", str(a_file), "--out", str(out),
                    "--continuation", "2"])
     assert status == 2 and last_error(capsys) == f"seqmoe: error: cannot write {out / 'shard-00000.safetensors'}: No space left on device"
+    assert not out.exists()  # made for the trace, and removed with it
+
+
+def trace_empty_text(model: Path, out: Path, tmp_path: Path) -> int:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    return main(["trace", "--model", str(model), "--device", "cpu", "--text", str(empty), "--out", str(out)])
+
+
+def test_a_users_own_manifest_is_never_removed(mixtral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "project"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"name": "my project"}')
+    status = trace_empty_text(mixtral_dir, out, tmp_path)
+    assert status == 2 and last_error(capsys) == (f"seqmoe: error: the trace folder {out} holds a manifest.json that is "
+                                                  "not a seqmoe trace; give another folder")
+    assert (out / "manifest.json").read_text() == '{"name": "my project"}'
+
+
+def test_a_trace_of_nothing_leaves_the_earlier_trace_and_makes_no_folder(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, earlier = traced
+    manifest = (earlier / "manifest.json").read_text()
+    assert trace_empty_text(model, earlier, tmp_path) == 2
+    assert last_error(capsys) == "seqmoe: error: the text produced no tokens to trace"
+    assert (earlier / "manifest.json").read_text() == manifest
+    new = tmp_path / "new" / "traces"
+    assert trace_empty_text(model, new, tmp_path) == 2
+    assert not (tmp_path / "new").exists()
 
 
 def test_a_full_disk_while_saving_a_predictor_is_one_line(traced: tuple[Path, Path], tmp_path: Path,
@@ -97,3 +148,4 @@ def test_calibration_is_not_started_when_its_predictor_cannot_be_stored(
     status = main(["calibrate", "--model", str(mixtral_dir), "--device", "cpu", "--text", str(a_file)])
     error = last_error(capsys)
     assert status == 2 and error.startswith("seqmoe: error: the predictor file ") and "cannot write in" in error, error
+

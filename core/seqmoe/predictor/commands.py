@@ -44,6 +44,9 @@ def run_trace(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    if args.out.with_suffix(".json") == args.out:
+        raise SeqMoEError(f"--out {args.out} is where the predictor's config goes, beside its weights; "
+                          f"give the weights file, such as {args.out.with_suffix('.safetensors')}")
     check_output(args.out, "--out")
     traces = read_traces(args.traces)
     options = TrainingOptions(horizon=args.horizon, epochs=args.epochs, width=args.width)
@@ -60,6 +63,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_eval(engine: Engine, args: argparse.Namespace) -> int:
     loaded = engine.loaded
+    if args.chat:
+        loaded.check_chat_template()
     identity = model_identity(loaded)
     path = args.predictor or find_predictor(loaded)
     if path is None:
@@ -97,11 +102,14 @@ def run_eval(engine: Engine, args: argparse.Namespace) -> int:
 
 def _cost(engine: Engine, path: Path) -> dict[str, object]:
     """The predictor's cost per decode step, measured inside the engine: the ``seqmoe`` policy
-    with every expert cached (no copies), its predictor time against the decode time."""
+    with every expert cached (no copies), its predictor time against the decode time. With no
+    copies the look-ahead's budget is nil, and the policy would space its calls out until it
+    never calls; fixed at one call per MoE layer, the cost is the most the engine pays."""
     loaded = engine.loaded
     engine.predictor_path = path
     engine.configure("seqmoe", cache_ratio=1.0)
     policy = engine.cache.policy
+    policy.fixed_stride = 1
     prompt = engine.encode("Hi! What do you like to do on weekends?", chat=bool(loaded.tokenizer.chat_template))
     engine.generate(prompt, Sampling(max_new_tokens=8))
     calls, seconds, reuse_seconds = policy.calls, policy.predict_seconds, policy.reuse_seconds

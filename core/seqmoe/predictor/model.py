@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
@@ -157,7 +158,15 @@ def load_predictor(path: Path, identity: dict[str, object] | None = None, device
             "calibrate one for this model with `seqmoe calibrate`"
         )
     predictor = ExpertPredictor(config)
-    predictor.load_state_dict(load_file(str(path)))
+    try:
+        weights = load_file(str(path))
+    except (OSError, SafetensorError) as error:
+        raise SeqMoEError(f"predictor {path} cannot be read: {error}") from None
+    try:
+        predictor.load_state_dict(weights)
+    except RuntimeError:  # its message lists every tensor that differs, over many lines
+        raise SeqMoEError(f"predictor {path} does not hold the weights {config_file.name} describes; "
+                          "train or calibrate it again") from None
     return predictor.to(device).eval()
 
 
