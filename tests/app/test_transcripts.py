@@ -177,6 +177,13 @@ def test_missing_optional_fields_take_their_defaults(store: ConversationStore) -
     ]
 
 
+def test_a_reply_exported_while_it_streamed_is_imported_as_interrupted(store: ConversationStore) -> None:
+    document = json.loads(transcript_text())
+    document["conversations"][1]["messages"][0]["state"] = "streaming"
+    (_, new_id) = import_json(store, json.dumps(document))
+    assert [m.state for m in store.messages(new_id)] == ["interrupted"]
+
+
 def test_all_conversations_go_into_one_file(store: ConversationStore, conversation_id: int, tmp_path: Path) -> None:
     other = store.create(title="Second chat")
     store.add_message(other.id, None, USER, "Another question", DONE)

@@ -21,7 +21,18 @@ import json
 from typing import Any
 
 from ..store import Conversation, ConversationStore, Message, SamplingSettings
-from ..store.records import DONE, MAX_NEW_TOKENS, ROLES, SEEDS, STATES, TEMPERATURES, TOP_PS, now_iso
+from ..store.records import (
+    DONE,
+    INTERRUPTED,
+    MAX_NEW_TOKENS,
+    ROLES,
+    SEEDS,
+    STATES,
+    STREAMING,
+    TEMPERATURES,
+    TOP_PS,
+    now_iso,
+)
 from .json_values import Fields, TranscriptError, is_unicode
 from .reply_stats import NUMBERS
 from .transcript import Transcript
@@ -127,6 +138,7 @@ def _sampling(sampling: Fields) -> SamplingSettings:
 
 def _message(entry: Fields) -> Message:
     created_at = entry.timestamp("created_at")
+    state = entry.choice("state", STATES, DONE)
     return Message(
         id=entry.integer("id"),
         conversation_id=0,
@@ -135,7 +147,8 @@ def _message(entry: Fields) -> Message:
         content=entry.text("content"),
         created_at=created_at,
         updated_at=entry.timestamp("updated_at", created_at),
-        state=entry.choice("state", STATES, DONE),
+        # Exported while it streamed: no engine will ever finish it here, as after a crash.
+        state=INTERRUPTED if state == STREAMING else state,
         error=entry.text("error", ""),
         model_id=entry.text("model_id", ""),
         stats=_stats(entry.object("stats", {})),
