@@ -80,8 +80,10 @@ class Sampling:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
+        if not _is_count(self.max_new_tokens) or self.max_new_tokens < 1:
             raise SeqMoEError(f"at least one new token must be asked for, not {self.max_new_tokens}")
+        if self.seed is not None and not (_is_count(self.seed) and 0 <= self.seed < 2**63):
+            raise SeqMoEError(f"a seed is a whole number from 0 to 2**63 - 1, not {self.seed}")
         if not self.greedy and not self.temperature > 0:
             raise SeqMoEError(f"a sampling temperature must be above 0 (0 is greedy decoding), not {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -106,10 +108,8 @@ class Engine:
         context_tokens: int = DEFAULT_CONTEXT_TOKENS,
         predictor_path: Path | None = None,
     ) -> None:
-        if not link_gbps > 0 or link_latency_us < 0:
-            raise SeqMoEError(f"the emulated link needs a speed above 0 GB/s and a latency of at least 0 µs, "
-                              f"not {link_gbps} GB/s and {link_latency_us} µs")
-        if context_tokens < 2:
+        _check_link(link_gbps, link_latency_us * 1e-6)
+        if not _is_count(context_tokens) or context_tokens < 2:
             raise SeqMoEError(f"a context holds at least a prompt token and a reply token, not {context_tokens} tokens")
         self.loaded = loaded
         self.context_tokens = context_held(context_tokens, loaded.context_limit)
@@ -139,6 +139,7 @@ class Engine:
         self._copier: Copier | None = None
         self._kept: KeptContext | None = None
         self._resident_accesses: torch.Tensor | None = None
+        self._generating = False
         loaded.model.set_experts_implementation(experts_impl.IMPLEMENTATION)
         experts_impl.follow_decode_switch(
             loaded.model, loaded.experts, loaded.base_implementation, loaded.host.layout.bytes_per_expert
@@ -190,6 +191,7 @@ class Engine:
         ``future`` is the oracle's knowledge: the (layer, experts) of every cache access of
         the same greedy run, recorded from ``LayerRouted`` events of a run at the same size.
         """
+        self._refuse_while_generating("configure the cache")
         slots = self._slots(cache_ratio, vram_budget_gb)
         if policy == "full" and slots < self.geometry.total_experts:
             need = self.geometry.budget_bytes_for(self.geometry.total_experts) / 2**30
@@ -208,6 +210,7 @@ class Engine:
         """Give the expert cache another size between two generations, keeping the policy, the
         model and the most recently used experts (no reload); slots left free are filled as
         ``configure`` fills them."""
+        self._refuse_while_generating("resize the cache")
         slots = self._slots(cache_ratio, vram_budget_gb)
         if self.cache is None:
             raise SeqMoEError(
@@ -235,7 +238,7 @@ class Engine:
         if cache_ratio is not None and vram_budget_gb is not None:
             raise BudgetTooSmall("give either a cache ratio or a VRAM budget, not both")
         if vram_budget_gb is not None:
-            if not math.isfinite(vram_budget_gb):
+            if not math.isfinite(vram_budget_gb * 2**30):  # 1e300 GB is no number of bytes either
                 raise BudgetTooSmall(f"the VRAM budget must be a number of GB, got {vram_budget_gb}")
             return self.geometry.slots_for_budget(int(vram_budget_gb * 2**30))
         return self.geometry.slots_for_ratio(1.0 if cache_ratio is None else cache_ratio)
@@ -243,7 +246,7 @@ class Engine:
     def _build(self, policy: str, chosen: Policy, slots: int) -> None:
         base = self.loaded.base_implementation
         if policy == "full":
-            self._resident_accesses = torch.zeros((), dtype=torch.int64, device=self.device)
+            self._resident_accesses = torch.zeros(2, dtype=torch.int64, device=self.device)
             for index, module in enumerate(self.loaded.experts):
                 tensors = self.loaded.host.layer_on(index, self.device)
                 runtime = experts_impl.ResidentLayer(tensors, experts_impl.base_implementation(module, base), self._resident_accesses)
@@ -274,7 +277,8 @@ class Engine:
                 return SeqMoEPolicy(self._gate_forecaster(), layers, prior)
             prior = predictor.config.prior()
             reuse = predictor.reuse.later_values if predictor.reuse is not None else None
-            return SeqMoEPolicy(predictor.predict, layers, prior, horizon=self.horizon, reuse=reuse)
+            horizon = self._horizon_within(predictor.config.horizon)
+            return SeqMoEPolicy(predictor.predict, layers, prior, horizon=horizon, reuse=reuse)
         if name in ORACLES:
             if future is None:
                 raise SeqMoEError(f"the {name} policy needs the recorded future of the same run (seqmoe bench records it)")
@@ -300,8 +304,16 @@ class Engine:
             return 1
         if self.policy_name != "seqmoe":
             return None
-        limit = self.max_horizon()
-        return limit if self.horizon is None else max(1, min(self.horizon, limit))
+        return self._horizon_within(self.max_horizon())
+
+    def _horizon_within(self, limit: int) -> int:
+        """``horizon`` as far as ``limit`` (the predictor's) allows; all of it for ``None``."""
+        horizon = self.horizon
+        if horizon is None:
+            return limit
+        if not _is_count(horizon) or horizon < 1:
+            raise SeqMoEError(f"the forecast horizon is a number of MoE layers, at least 1, not {horizon!r}")
+        return min(horizon, limit)
 
     def max_horizon(self) -> int:
         """The farthest the ``seqmoe`` policy can forecast: its predictor's horizon, or one layer with
@@ -386,6 +398,10 @@ class Engine:
         forgets it."""
         if not prompt_ids:
             raise SeqMoEError("the prompt is empty: there is nothing to continue")
+        vocabulary = self.loaded.model.get_input_embeddings().num_embeddings
+        if not all(isinstance(token, int) and 0 <= token < vocabulary for token in prompt_ids):
+            raise SeqMoEError(f"the prompt must be token ids from 0 to {vocabulary - 1} (the model's vocabulary)")
+        self._refuse_while_generating("generate another reply")
         room = self.reply_room(prompt_ids)
         if self.policy_name == "none":
             self.configure()
@@ -400,6 +416,7 @@ class Engine:
         tokenizer = self.loaded.tokenizer
         start = time.perf_counter()
         streamer.start = start
+        self._generating = True
         try:
             output = self.loaded.model.generate(
                 inputs,
@@ -432,6 +449,7 @@ class Engine:
                 f"generating ({type(error).__name__}: {text}); another transformers version may run this model"
             ) from error
         finally:
+            self._generating = False
             # Also after a failure: copies queued for the failed reply's next layers are not needed.
             if self.cache is not None:
                 self.cache.end_of_generation()
@@ -465,14 +483,21 @@ class Engine:
         return GenerationResult(token_ids=token_ids, text=text, prompt_tokens=len(prompt_ids), stats=stats)
 
     def close(self) -> None:
+        self._refuse_while_generating("close the engine")
         self._kept = None
         self._teardown()
+
+    def _refuse_while_generating(self, what: str) -> None:
+        # From a token callback, say: the reply under way would go on with another cache, or none,
+        # and its statistics would mix two caches' counters.
+        if self._generating:
+            raise SeqMoEError(f"cannot {what} while a reply is generated; stop it (should_stop) and do it after")
 
     def _counters(self) -> dict[str, float]:
         """Cumulative cache counters, by phase where they are split."""
         if self._resident_accesses is not None:
             counts = dict.fromkeys(PHASE_COUNTERS, 0)
-            counts["decode_hits"] = int(self._resident_accesses.item())
+            counts["prefill_hits"], counts["decode_hits"] = self._resident_accesses.tolist()
             return counts
         assert self.cache is not None and self._copier is not None
         counts: dict[str, float] = {"h2d_bytes": self._copier.bytes_copied}
@@ -488,6 +513,7 @@ class Engine:
     def _make_copier(self) -> Copier:
         if self.device.type == "cuda":
             return CudaCopier(self.device)
+        _check_link(self.link_gbps, self.link_latency_s)  # both may have been set since
         return EmulatedCopier(self.link_gbps, self.link_latency_s)
 
     def _teardown(self) -> None:
@@ -566,6 +592,16 @@ def _one_token_a_step() -> dict[str, object]:
     return {name: value for name, value in fields.items() if hasattr(plain, name)}
 
 
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_link(gbps: float, latency_s: float) -> None:
+    if not (math.isfinite(gbps) and gbps > 0 and math.isfinite(latency_s) and latency_s >= 0):
+        raise SeqMoEError(f"the emulated link needs a speed above 0 GB/s and a latency of at least 0 µs, "
+                          f"not {gbps} GB/s and {latency_s * 1e6} µs")
+
+
 class _StopFlag(StoppingCriteria):
     """Cooperative stop: checked after every token."""
 
@@ -573,4 +609,4 @@ class _StopFlag(StoppingCriteria):
         self.should_stop = should_stop
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object) -> torch.Tensor:
-        return torch.full((input_ids.shape[0],), self.should_stop(), dtype=torch.bool, device=input_ids.device)
+        return torch.full((input_ids.shape[0],), bool(self.should_stop()), dtype=torch.bool, device=input_ids.device)

@@ -62,14 +62,17 @@ class ResidentLayer:
     """All experts of the layer on the device (the ``full`` policy): no copies, no sync."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], base: ExpertsFn, accesses: torch.Tensor) -> None:
+        """``accesses``: ``[prefill, decode]`` counts of the experts the layers use, kept on the device."""
         self.tensors = tensors
         self.base = base
         self.accesses = accesses
+        self.decoding = False
+        """Set by ``decode_phase``."""
 
     def forward(self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         view = SlotView(module, self.tensors)
         used = torch.zeros(view.num_experts, dtype=torch.int64, device=index.device)
-        self.accesses += used.index_fill_(0, index.reshape(-1), 1).sum()
+        self.accesses[int(self.decoding)] += used.index_fill_(0, index.reshape(-1), 1).sum()
         return self.base(view, hidden, index, weights)
 
 
@@ -199,15 +202,15 @@ def follow_decode_switch(model: nn.Module, experts: Sequence[nn.Module], name: s
 def decode_phase(experts: Sequence[nn.Module]) -> Iterator[None]:
     """The forward passes in the block are decode steps, each after the last: the offloaded
     layers of ``experts`` count, forecast and copy for decode. Outside it they are prefill,
-    whatever their number of tokens."""
+    whatever their number of tokens; the resident layers of ``full`` count so too."""
     runtimes = [module.__dict__.get(_RUNTIME_ATTR) for module in experts]
-    offloaded = [runtime for runtime in runtimes if isinstance(runtime, OffloadedLayer)]
-    for runtime in offloaded:
+    served = [runtime for runtime in runtimes if isinstance(runtime, (OffloadedLayer, ResidentLayer))]
+    for runtime in served:
         runtime.decoding = True
     try:
         yield
     finally:
-        for runtime in offloaded:
+        for runtime in served:
             runtime.decoding = False
 
 

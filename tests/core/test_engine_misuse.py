@@ -1,0 +1,117 @@
+"""The engine's API used wrongly, as an app might: every such call is a ``SeqMoEError`` saying
+why, and the engine stays right for the next reply; nothing is computed from settings that make
+no sense (a link of NaN µs once ran the model on slots never filled)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from seqmoe import Engine, Sampling, SeqMoEError, load_model
+from seqmoe.errors import BudgetTooSmall
+from seqmoe.resources import demo_model_dir
+
+from .test_equivalence import PROMPT
+
+GREEDY = Sampling(max_new_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def mixtral(tiny_models: dict[str, Path]):
+    return load_model(str(tiny_models["mixtral"]), device="cpu")
+
+
+@pytest.mark.parametrize("link", [{"link_latency_us": math.nan}, {"link_latency_us": math.inf},
+                                  {"link_gbps": math.nan}, {"link_gbps": math.inf}, {"link_gbps": 0}])
+def test_a_link_that_is_no_number_is_refused(mixtral, link: dict[str, float]) -> None:
+    with pytest.raises(SeqMoEError, match="the emulated link needs"):
+        Engine(mixtral, **link)
+
+
+def test_a_link_speed_set_after_the_engine_was_made_is_checked_when_it_is_used(mixtral) -> None:
+    engine = Engine(mixtral)
+    engine.link_gbps = math.nan
+    with pytest.raises(SeqMoEError, match="the emulated link needs"):
+        engine.configure("lru", cache_ratio=0.5)
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: Sampling(max_new_tokens=math.nan),
+    lambda: Sampling(max_new_tokens=2.5),
+    lambda: Sampling(seed=2**70),
+    lambda: Sampling(seed=-1),
+])
+def test_sampling_that_is_no_count_is_refused(bad) -> None:
+    with pytest.raises(SeqMoEError):
+        bad()
+
+
+def test_prompts_and_budgets_that_are_no_such_thing_are_refused(mixtral) -> None:
+    engine = Engine(mixtral)
+    vocabulary = mixtral.model.get_input_embeddings().num_embeddings
+    for prompt in ([5, vocabulary], [-1], "Hello"):
+        with pytest.raises(SeqMoEError, match="token ids from 0"):
+            engine.generate(prompt, GREEDY)
+    with pytest.raises(BudgetTooSmall, match="must be a number of GB"):
+        engine.configure("lru", vram_budget_gb=1e300)
+    with pytest.raises(SeqMoEError, match="at least a prompt token"):
+        Engine(mixtral, context_tokens=math.nan)
+
+
+def test_a_stop_callback_that_returns_none_means_go_on(mixtral) -> None:
+    engine = Engine(mixtral)
+    engine.configure("lru", cache_ratio=0.5)
+    assert engine.generate(PROMPT, GREEDY, should_stop=lambda: None).token_ids == engine.generate(PROMPT, GREEDY).token_ids
+
+
+@pytest.mark.parametrize("change", [
+    lambda engine: engine.configure("seqmoe", cache_ratio=0.5),
+    lambda engine: engine.resize(cache_ratio=0.8),
+    lambda engine: engine.close(),
+    lambda engine: engine.generate(PROMPT, GREEDY),
+])
+def test_the_cache_is_not_changed_under_a_reply_and_the_next_reply_is_right(mixtral, change) -> None:
+    engine = Engine(mixtral)
+    engine.configure("lru", cache_ratio=0.5)
+    expected = engine.generate(PROMPT, GREEDY)
+
+    def meddle(_token: int) -> None:
+        change(engine)
+
+    with pytest.raises(SeqMoEError, match="while a reply is generated"):
+        engine.generate(PROMPT, GREEDY, on_token=meddle)
+    again = engine.generate(PROMPT, GREEDY)
+    assert again.token_ids == expected.token_ids and engine.cache_slots == expected.stats.cache_slots
+    # One cache's counters: every access counted once, none negative (mixing two caches' gave -116 misses).
+    assert min(again.stats.prefill_misses, again.stats.decode_misses, again.stats.h2d_bytes) >= 0
+    assert again.stats.hits + again.stats.misses == expected.stats.hits + expected.stats.misses
+
+
+def test_full_counts_the_prompts_accesses_as_prefill_like_a_cache_holding_every_expert(mixtral) -> None:
+    engine = Engine(mixtral)
+    engine.configure("full")
+    full = engine.generate(PROMPT, GREEDY).stats
+    engine.configure("lru", cache_ratio=1.0)
+    lru = engine.generate(PROMPT, GREEDY).stats
+    assert full.prefill_hits > 0 and (full.prefill_hits, full.decode_hits) == (lru.prefill_hits + lru.prefill_misses,
+                                                                                lru.decode_hits + lru.decode_misses)
+
+
+@pytest.mark.parametrize("horizon", [0, -1, 1.5, "2", True])
+def test_a_forecast_horizon_that_is_no_count_of_layers_is_refused(horizon: object) -> None:
+    engine = Engine(load_model(str(demo_model_dir()), device="cpu"))
+    engine.horizon = horizon
+    with pytest.raises(SeqMoEError, match="forecast horizon"):
+        engine.configure("seqmoe", cache_ratio=0.5)
+
+
+def test_the_horizon_the_forecasts_reach_is_the_one_reported() -> None:
+    engine = Engine(load_model(str(demo_model_dir()), device="cpu"))
+    engine.horizon = 100  # past the predictor's own: as far as it sees
+    engine.configure("seqmoe", cache_ratio=0.5)
+    assert engine.forecast_horizon == engine.max_horizon() == engine.cache.policy.horizon
+    engine.horizon = 2
+    engine.configure("seqmoe", cache_ratio=0.5)
+    assert engine.forecast_horizon == engine.cache.policy.horizon == 2
