@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--cache-ratios", default="0.45", help="comma-separated cache ratios")
     bench.add_argument("--setup", choices=sorted(SETUPS), default=DEFAULT_SETUP,
                        help="consumer setup whose transfer/compute ratio sets the emulated link speed (without --link-gbps)")
-    bench.add_argument("--plot", type=Path, help="write a PNG of throughput relative to full (needs matplotlib)")
+    bench.add_argument("--plot", type=Path,
+                       help="write a .png, .pdf or .svg of throughput relative to full (needs matplotlib)")
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
     bench.add_argument("--event-overhead", action="store_true",
                        help="also measure what a listener on the event stream costs (seqmoe at the first cache ratio)")
@@ -141,7 +142,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags shared by every command that runs a model."""
     parser.add_argument("--model", default=None, help="local folder or hub id (default: the bundled demo model)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--link-gbps", type=float, help="emulated host-to-device link speed in GB/s (default 25)")
+    parser.add_argument("--link-gbps", type=float,
+                        help="emulated host-to-device link speed in GB/s (default: 25, or bench's --setup)")
     parser.add_argument("--link-latency-us", type=float, default=10.0, help="emulated per-copy latency in microseconds")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="compute dtype (default: the checkpoint's)")
     parser.add_argument("--context", type=_context, default=DEFAULT_CONTEXT_TOKENS, metavar="TOKENS",
@@ -154,7 +156,8 @@ def add_cache_arguments(parser: argparse.ArgumentParser, policy: str = "lru") ->
     measure a model default to ``lru``, which runs no predictor."""
     parser.add_argument("--policy", choices=POLICY_NAMES, default=policy, help="expert cache policy (default: %(default)s)")
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--cache-ratio", type=float, help="fraction of all routed experts kept on the device")
+    size.add_argument("--cache-ratio", type=float,
+                      help="fraction of all routed experts kept on the device (default, with no --vram-budget: all of them)")
     size.add_argument("--vram-budget", type=float, metavar="GB", help="device memory budget in GiB, all included")
 
 
@@ -378,16 +381,17 @@ def run_simulate(args: argparse.Namespace) -> int:
                 for ratio in ratios for policy in policies]
     except ValueError as error:
         raise SeqMoEError(str(error)) from None
+    for row in rows:  # as bench's JSON names it: expert copies per decode token
+        row["decode_copies_per_token"] = row["h2d_bytes_per_token"] / shape.copy_bytes
     bounds = [copy_bound(traces, ratio, hardware, shape) for ratio in ratios]
     if args.json:
         print(json.dumps({"profile": args.profile, "shape": args.shape, "rows": rows, "bounds": [b.as_dict() for b in bounds]}))
     out = sys.stderr if args.json else sys.stdout
     print(f"{hardware.description}; {shape.description}; {rows[0]['tokens']} decode tokens of {args.traces}", file=out)
     print(f"{'policy':<12}{'ratio':>7}{'vs full':>9}{'hit rate':>10}{'stall ms/tok':>14}{'copies/tok':>12}{'unused pf':>11}{'prefill vs full':>17}", file=out)
-    copy_bytes = shape.copy_bytes
     for row in rows:
         print(f"{row['policy']:<12}{row['cache_ratio']:>7.2f}{row['ratio_to_full']:>9.1%}{row['hit_rate']:>10.1%}"
-              f"{1000 * row['stall_seconds_per_token']:>14.3f}{row['h2d_bytes_per_token'] / copy_bytes:>12.2f}"
+              f"{1000 * row['stall_seconds_per_token']:>14.3f}{row['decode_copies_per_token']:>12.2f}"
               f"{row['unused_prefetch_fraction']:>11.1%}{row['prefill_ratio_to_full']:>17.1%}", file=out)
     for bound in bounds:
         print(bound.summary, file=out)

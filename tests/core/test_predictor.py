@@ -338,17 +338,19 @@ def test_calibration_traces_a_reply_to_every_user_turn_within_its_budget(tiny_mo
     assert 200 <= budget.tokens < every.tokens
 
 
-@pytest.mark.parametrize(("text", "words"), [
-    ("\n\n", "no tokens to trace"),
-    ("hello there\nhi, how are you?", "a single document"),
+@pytest.mark.parametrize(("text", "tokens", "words"), [
+    ("\n\n", "100", "no tokens to trace"),
+    ("hello there\nhi, how are you?", "100", "a single document"),
+    ("hello there, how was your weekend?\nhi, it was fine\n\nwhat do you cook?\npasta", "5", "ask for more tokens"),
 ])
-def test_calibration_refuses_a_text_it_cannot_learn_from(mixtral_dir: Path, tmp_path: Path, text: str, words: str,
-                                                         monkeypatch: pytest.MonkeyPatch,
+def test_calibration_refuses_a_text_it_cannot_learn_from(mixtral_dir: Path, tmp_path: Path, text: str, tokens: str,
+                                                         words: str, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     file = tmp_path / "calibration.txt"
     file.write_text(text)
-    status = main(["calibrate", "--model", str(mixtral_dir), "--device", "cpu", "--text", str(file), "--epochs", "1"])
+    status = main(["calibrate", "--model", str(mixtral_dir), "--device", "cpu", "--text", str(file), "--epochs", "1",
+                   "--tokens", tokens])
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bar's line
     assert status == 2 and last.startswith("seqmoe: error: ") and words in last, last
 

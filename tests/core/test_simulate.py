@@ -92,6 +92,9 @@ def test_simulate_command_reports_every_policy_and_ratio(traced: tuple[Path, Pat
     bounds = {bound["cache_ratio"]: bound for bound in report["bounds"]}
     assert bounds[0.4]["copy_bound_ratio_to_full"] >= rows["oracle", 0.4]["ratio_to_full"] - 1e-9
     assert bounds[0.4]["min_copies_per_token"] >= bounds[0.8]["min_copies_per_token"]
+    # No policy copies fewer experts than Belady's MIN allows.
+    assert all(rows[policy, 0.4]["decode_copies_per_token"] >= bounds[0.4]["min_copies_per_token"] - 1e-9
+               for policy in ("lru", "oracle"))
 
 
 def test_simulated_gate_loads_the_traced_routers_guesses(traced: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -107,6 +107,12 @@ def calibrate(
 
     source = read_text(text or calibration_text())
     traces = collect_traces(loaded, source, chat, tokens, continuation, traced, every_turn=True)
+    conversations = traces.paragraph if traces.paragraph is not None else traces.document
+    if len(set(conversations.tolist())) < 2 and traces.tokens >= tokens:  # the budget, not the text, ran out
+        raise SeqMoEError(
+            f"the {tokens} tokens asked for end inside the text's first conversation; calibrating holds one "
+            "conversation out to validate on, so it needs tokens from two or more: ask for more tokens"
+        )
     options = options or TrainingOptions()
 
     def epoch_done(epoch: int, train_loss: float, val_loss: float) -> None:
