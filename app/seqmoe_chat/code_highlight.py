@@ -53,12 +53,23 @@ def _colour_run(cursor: QTextCursor, first: QTextBlock, last: QTextBlock, code: 
     base.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
     cursor.mergeCharFormat(base)
     # Positions in ``code`` equal document positions from ``start``: one separator per line break.
+    for index, length, char_format in _coloured_spans(code, language, style):
+        cursor.setPosition(start + index)
+        cursor.setPosition(start + index + length, QTextCursor.MoveMode.KeepAnchor)
+        cursor.mergeCharFormat(char_format)
+
+
+@lru_cache(maxsize=512)
+def _coloured_spans(code: str, language: str, style: str) -> tuple[tuple[int, int, QTextCharFormat], ...]:
+    """(index, length, format) of the coloured tokens of ``code``. Lexing took most of the time
+    of showing a chat (6.8 s of 11.6 s for 2000 messages), and a streaming reply is shown anew
+    at every step with its finished blocks unchanged: each block is lexed once."""
+    spans = []
     for index, token, value in _lexer(language).get_tokens_unprocessed(code):
         char_format = _token_format(style, token)
         if char_format is not None:
-            cursor.setPosition(start + index)
-            cursor.setPosition(start + index + len(value), QTextCursor.MoveMode.KeepAnchor)
-            cursor.mergeCharFormat(char_format)
+            spans.append((index, len(value), char_format))
+    return tuple(spans)
 
 
 @lru_cache(maxsize=64)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from PySide6.QtCore import QModelIndex, QPoint, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QPainter, QShortcut
 from PySide6.QtWidgets import (
@@ -27,6 +29,8 @@ from .transcripts.export import FORMAT_NAMES
 ID_ROLE = Qt.ItemDataRole.UserRole
 SNIPPET_ROLE = Qt.ItemDataRole.UserRole + 1
 UNDO_SECONDS = 10
+INSTANT_SEARCH_S = 0.05
+SEARCH_PAUSE_MS = 300
 
 
 class _SnippetDelegate(QStyledItemDelegate):
@@ -74,7 +78,14 @@ class Sidebar(QWidget):
         self.search = QLineEdit()
         self.search.setPlaceholderText("Search chats (Ctrl+F)")
         self.search.setClearButtonEnabled(True)
-        self.search.textChanged.connect(self.sig_search_changed)
+        self.search.textChanged.connect(self._on_search_edited)
+        # A search that answers at once runs at every keystroke; a slow one (many chats: 0.3 s
+        # a keystroke with 20,000) waits until typing pauses, so the box keeps up with the keys.
+        self._search_timer = QTimer(self)
+        self._search_timer.setSingleShot(True)
+        self._search_timer.setInterval(SEARCH_PAUSE_MS)
+        self._search_timer.timeout.connect(self._search_now)
+        self._search_seconds = 0.0
         self.new_button = QPushButton("New chat")
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
         self.new_button.clicked.connect(self.sig_new_requested)
@@ -150,6 +161,17 @@ class Sidebar(QWidget):
 
     def ids(self) -> list[int]:
         return [int(self.list.item(row).data(ID_ROLE)) for row in range(self.list.count())]
+
+    def _on_search_edited(self) -> None:
+        if self._search_seconds < INSTANT_SEARCH_S:
+            self._search_now()
+        else:
+            self._search_timer.start()
+
+    def _search_now(self) -> None:
+        began = time.perf_counter()
+        self.sig_search_changed.emit(self.search.text())
+        self._search_seconds = time.perf_counter() - began
 
     def focus_search(self) -> None:
         self.search.setFocus(Qt.FocusReason.ShortcutFocusReason)

@@ -177,6 +177,27 @@ def test_cancelling_the_prompt_and_sampling_of_no_chat_makes_none(qtbot, window,
     assert window.session.conversation_id is None and window.store.summaries() == []
 
 
+def test_a_long_chat_opens_with_its_last_messages_and_shows_the_earlier_ones_on_request(qtbot, window) -> None:
+    conversation = window.store.create("Long")
+    parent = None
+    for index in range(120):
+        parent = window.store.add_message(conversation.id, parent and parent.id, USER if index % 2 == 0 else ASSISTANT,
+                                          f"message {index}", DONE)
+    window.session.open(conversation.id)
+    chat = window.chat
+    contents = lambda: [widget.body.source_text for widget in chat.widgets.values()]  # noqa: E731
+    assert contents() == [f"message {index}" for index in range(70, 120)]
+    assert chat.earlier_button.isVisible() and chat.earlier_button.text() == "Show earlier messages (70 more)"
+    qtbot.mouseClick(chat.earlier_button, Qt.MouseButton.LeftButton)
+    assert contents() == [f"message {index}" for index in range(20, 120)]
+    assert [chat.messages_layout.indexOf(widget) for widget in chat.widgets.values()] == sorted(
+        chat.messages_layout.indexOf(widget) for widget in chat.widgets.values())  # on screen in the thread's order
+    qtbot.mouseClick(chat.earlier_button, Qt.MouseButton.LeftButton)
+    assert contents() == [f"message {index}" for index in range(120)] and not chat.earlier_button.isVisible()
+    last = list(chat.widgets.values())[-1]
+    assert (last.message.content, last.regenerate_button.isVisibleTo(last)) == ("message 119", True)  # as before
+
+
 def test_streaming_is_rendered_in_batches_not_per_token(qtbot, window, backend, monkeypatch) -> None:
     renders = []
     original = MarkdownView.set_markdown
@@ -187,6 +208,24 @@ def test_streaming_is_rendered_in_batches_not_per_token(qtbot, window, backend, 
     tokens = window.store.thread(window.session.conversation_id)[1].message.stats["tokens"]
     assert tokens > 200
     assert len(renders) < tokens / 5
+
+
+def test_a_slow_render_spaces_out_the_next_ones(qtbot, window, backend, monkeypatch) -> None:
+    """A long reply takes long to draw: the GUI thread draws it a quarter of its time at most."""
+    starts = []
+    original = MarkdownView.set_markdown
+
+    def slow(view, text):
+        starts.append(time.perf_counter())
+        time.sleep(0.06)
+        original(view, text)
+
+    monkeypatch.setattr(MarkdownView, "set_markdown", slow)
+    backend.token_delay_s, backend.repeat = 0.004, 40
+    send(qtbot, window, "Talk a lot")
+    wait_idle(qtbot, window)
+    streamed = [later - earlier for earlier, later in zip(starts[1:-1], starts[2:-1])]  # between the reply's renders
+    assert streamed and min(streamed) >= 0.2  # 0.06 s drawing, then 0.18 s for the rest
 
 
 def test_copying_a_message_and_a_code_block(qtbot, window) -> None:

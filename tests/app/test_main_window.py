@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import sqlite3
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -83,6 +84,19 @@ def test_ctrl_f_searches_titles_and_message_text(qtbot, window) -> None:
     assert titles(window) == ["Planning a trip"]
     window.sidebar.search.clear()
     assert len(titles(window)) == 2
+
+
+def test_a_slow_search_waits_for_typing_to_pause(qtbot, window) -> None:
+    searched: list[str] = []
+
+    def slow(text: str) -> None:  # as with 20,000 chats
+        searched.append(text)
+        time.sleep(0.06)
+
+    window.sidebar.sig_search_changed.connect(slow)
+    qtbot.keyClicks(window.sidebar.search, "salt")
+    assert searched == ["s"]  # at once, then too slow to run at every keystroke
+    qtbot.waitUntil(lambda: searched == ["s", "salt"], timeout=2000)
 
 
 def test_renaming_in_the_list_renames_the_conversation(qtbot, window) -> None:
