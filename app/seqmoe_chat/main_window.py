@@ -38,7 +38,7 @@ from .store.conversations import DEFAULT_TITLE
 from .store.records import ASSISTANT
 from .store.settings import THEMES
 from .theme import apply_theme
-from .transcripts.export import write_export
+from .export_task import ExportTask
 from .transcripts.json_format import TranscriptError, import_json
 from .transcripts.transcript import load_transcripts
 from .worker import ModelInfo
@@ -88,6 +88,9 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.panel)
 
         self.models = ModelManager(context.data_dir, self._model_in_use, parent=self)
+        self.export_task = ExportTask(self)
+        self.export_task.sig_finished.connect(self._on_exported)
+        self.export_task.sig_failed.connect(self._on_export_failed)
         self._models_dialog: ModelsDialog | None = None
         self._load_id: int | None = None
         self._speed_from: tuple[int, float] | None = None  # tokens and time of the reply's first streamed text
@@ -338,16 +341,18 @@ class MainWindow(QMainWindow):
         if target is None:
             return
         path, chosen = target
-        try:
-            write_export(path, load_transcripts(self.store, conversation_ids), chosen)
-        except OSError as error:
-            dialogs.show_error(self, "Export failed", f"{path} could not be written: {error.strerror or error}")
+        if self.export_task.running:
+            self.status.showMessage("The last export is still being written; try again when it is done.", STATUS_MESSAGE_MS)
             return
-        except Exception as error:  # stored data an export cannot show: a bug, but no reason to lose the window
-            log.exception("exporting to %s failed", path)
-            dialogs.show_error(self, "Export failed", f"The conversation(s) could not be exported: {error}")
-            return
-        self.status.showMessage(f"Exported {len(conversation_ids)} conversation(s) to {path}", STATUS_MESSAGE_MS)
+        self.export_task.start(path, load_transcripts(self.store, conversation_ids), chosen)
+        self.status.showMessage(f"Exporting {len(conversation_ids)} conversation(s) to {path}…")
+
+    def _on_exported(self, path: str, count: int) -> None:
+        self.status.showMessage(f"Exported {count} conversation(s) to {path}", STATUS_MESSAGE_MS)
+
+    def _on_export_failed(self, _path: str, reason: str) -> None:
+        self.status.clearMessage()
+        dialogs.show_error(self, "Export failed", reason)
 
     def import_conversations(self) -> None:
         path = dialogs.ask_import_path(self)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import sqlite3
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +15,7 @@ from PySide6.QtCore import QStandardPaths, Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication, QDialog, QMessageBox
 
-from seqmoe_chat import dialogs
+from seqmoe_chat import dialogs, export_task
 from seqmoe_chat.paths import config_dir
 from seqmoe_chat.settings_dialog import SettingsDialog
 from seqmoe_chat.store import SamplingSettings
@@ -144,7 +145,8 @@ def test_ctrl_e_exports_the_conversation_in_the_chosen_format(qtbot, window, tmp
     chat(qtbot, window, "Export me")
     target = tmp_path / "chat.html"
     monkeypatch.setattr(dialogs, "ask_export_path", lambda parent, name, fmt: (target, "html"))
-    press(qtbot, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
+    with qtbot.waitSignal(window.export_task.sig_finished):  # written off the GUI thread
+        press(qtbot, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
     html = target.read_text(encoding="utf-8")
     assert html.startswith("<!DOCTYPE html>") and "Export me" in html and "print(&#x27;hello&#x27;)" not in html
     assert "Exported 1 conversation" in window.status.currentMessage()
@@ -161,7 +163,8 @@ def test_a_long_non_ascii_title_exports_under_the_name_the_app_suggests(
         return suggested[0], "html"
 
     monkeypatch.setattr(dialogs, "ask_export_path", ask_export_path)
-    window.export_current()
+    with qtbot.waitSignal(window.export_task.sig_finished):
+        window.export_current()
     assert "Export me" in suggested[0].read_text(encoding="utf-8") and suggested[0].name.startswith("鸚鵡🦜鸚鵡🦜")
     assert "Exported 1 conversation" in window.status.currentMessage()
 
@@ -175,7 +178,8 @@ def test_the_export_dialog_starts_in_the_documents_and_the_typed_extension_wins(
 
     monkeypatch.setattr(dialogs.QFileDialog, "getSaveFileName", save_file_name)
     chat(qtbot, window, "Export me")
-    press(qtbot, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
+    with qtbot.waitSignal(window.export_task.sig_finished):
+        press(qtbot, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
     documents = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
     assert Path(asked[0][0]).parent == Path(documents) and asked[0][0].endswith(".md")
     assert json.loads((tmp_path / "notes.json").read_text(encoding="utf-8"))["conversations"]
@@ -186,8 +190,9 @@ def test_every_export_format_from_the_context_menu_and_json_import(qtbot, window
     for fmt in ("md", "json", "html", "txt"):
         monkeypatch.setattr(dialogs, "ask_export_path", lambda parent, name, chosen: (tmp_path / f"out.{chosen}", chosen))
         export_menu = window.sidebar.context_menu(conversation_id).actions()[1].menu()
-        next(a for a in export_menu.actions() if a.text().startswith({"md": "Markdown", "json": "JSON", "html": "HTML",
-                                                                     "txt": "Plain"}[fmt])).trigger()
+        with qtbot.waitSignal(window.export_task.sig_finished):
+            next(a for a in export_menu.actions() if a.text().startswith({"md": "Markdown", "json": "JSON", "html": "HTML",
+                                                                         "txt": "Plain"}[fmt])).trigger()
         assert "Second question" in (tmp_path / f"out.{fmt}").read_text(encoding="utf-8")
     assert (tmp_path / "out.md").read_text(encoding="utf-8").startswith("# Round trip")
     monkeypatch.setattr(dialogs, "ask_import_path", lambda parent: tmp_path / "out.json")
@@ -228,10 +233,33 @@ def test_an_export_that_fails_on_stored_data_is_reported(qtbot, window, tmp_path
     window.store.connection.execute("UPDATE messages SET created_at = 'yesterday' WHERE conversation_id = ?", (conversation_id,))
     (tmp_path / "out").mkdir()
     monkeypatch.setattr(dialogs, "ask_export_path", lambda parent, name, fmt: (tmp_path / "out" / "chat.md", "md"))
-    press(qtbot, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
+    with qtbot.waitSignal(window.export_task.sig_failed):
+        press(qtbot, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
     box = window.findChild(QMessageBox, "errorMessage")
     assert box is not None and "could not be exported" in box.text() and "yesterday" in box.text()
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_an_export_is_written_while_the_window_goes_on(qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    chat(qtbot, window, "Export me")
+    drawing = threading.Event()
+    gui_thread = threading.get_ident()
+    drawn_on = []
+
+    def slow_write(path, transcripts, fmt):
+        drawn_on.append(threading.get_ident())
+        drawing.wait(5)
+        path.write_text("done", encoding="utf-8")
+
+    monkeypatch.setattr(export_task, "write_export", slow_write)
+    monkeypatch.setattr(dialogs, "ask_export_path", lambda parent, name, fmt: (tmp_path / "chat.md", "md"))
+    window.export_current()
+    assert "Exporting 1 conversation(s)" in window.status.currentMessage()  # returned while the file is drawn
+    window.export_current()
+    assert "still being written" in window.status.currentMessage()
+    with qtbot.waitSignal(window.export_task.sig_finished):
+        drawing.set()
+    assert drawn_on and drawn_on[0] != gui_thread and "Exported 1 conversation" in window.status.currentMessage()
 
 
 def test_themes_switch_the_palette_and_are_remembered(qtbot, make_window) -> None:
