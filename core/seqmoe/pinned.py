@@ -40,8 +40,18 @@ class CudaHostRegistry:
     def _check(self, status: object, call: str) -> None:
         code = int(getattr(status, "value", status))
         if code != 0:
+            _take_last_error()
             # The loader turns a RuntimeError while pinning into its one-line refusal.
             raise RuntimeError(f"{call} failed: {self._cudart.cudaGetErrorString(status)}")
+
+
+def _take_last_error() -> None:
+    """A failed runtime call leaves its error as the thread's last one, and PyTorch's check after
+    the next kernel launch would raise it there, against an innocent kernel: a launch here takes it."""
+    try:
+        torch.zeros(1, device="cuda").add_(1)
+    except RuntimeError:
+        pass
 
 
 class PinnedBuffers:

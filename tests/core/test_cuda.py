@@ -38,6 +38,14 @@ def test_host_memory_is_page_locked_at_its_size_copies_asynchronously_and_is_unl
     registry.unregister(address)
 
 
+def test_a_failed_registration_is_said_and_leaves_no_error_for_the_next_kernel() -> None:
+    buffers = PinnedBuffers(CudaHostRegistry())
+    region = buffers.empty(PAGE)
+    with pytest.raises(RuntimeError, match="cudaHostRegister failed"):
+        CudaHostRegistry().register(region.data_ptr(), PAGE)  # a range registered twice
+    assert torch.ones(4, device="cuda").sum().item() == 4
+
+
 def _one_at_a_time(count: int) -> tuple[CudaCopier, list[torch.Tensor], list[CopyJob]]:
     """A copier with one copy on the stream at a time, and ``count`` 4 MiB jobs: job ``i``
     fills slot ``i`` with the value ``i``."""
