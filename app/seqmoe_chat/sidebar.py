@@ -138,6 +138,13 @@ class Sidebar(QWidget):
             self._deferred = (summaries, current_id)
             return
         self._filling = True
+        if self._shows(summaries):
+            # Most refreshes change nothing listed (one action often refreshes twice); refilled,
+            # 20,000 chats took 0.2 s each time.
+            rows = [row for row, summary in enumerate(summaries) if summary.id == current_id]
+            self.list.setCurrentRow(rows[0] if rows else -1)
+            self._filling = False
+            return
         self.list.clear()
         for summary in summaries:
             item = QListWidgetItem(summary.title)
@@ -149,6 +156,16 @@ class Sidebar(QWidget):
             if summary.id == current_id:
                 self.list.setCurrentItem(item)
         self._filling = False
+
+    def _shows(self, summaries: list[ConversationSummary]) -> bool:
+        """Whether the list shows exactly ``summaries`` (a failed rename leaves an item's text
+        other than its stored title: then it does not)."""
+        if self.list.count() != len(summaries):
+            return False
+        return all(
+            (item.data(ID_ROLE), item.text(), item.data(SNIPPET_ROLE)) == (summary.id, summary.title, summary.snippet)
+            for item, summary in ((self.list.item(row), summary) for row, summary in enumerate(summaries))
+        )
 
     def _fill_deferred(self) -> None:
         deferred, self._deferred = self._deferred, None

@@ -100,6 +100,16 @@ def test_a_slow_search_waits_for_typing_to_pause(qtbot, window) -> None:
     qtbot.waitUntil(lambda: searched == ["s", "salt"], timeout=2000)
 
 
+def test_a_refresh_that_changes_nothing_listed_keeps_the_list_and_moves_the_selection(qtbot, window) -> None:
+    first = chat(qtbot, window, "Keep this one")
+    window.session.new_conversation()
+    chat(qtbot, window, "And this one")
+    items = [window.sidebar.list.item(row) for row in range(2)]
+    window.session.open(first)  # refreshes the list: the same chats, another one current
+    assert [window.sidebar.list.item(row) for row in range(2)] == items  # not refilled (0.2 s with 20,000 chats)
+    assert window.sidebar.current_id() == first
+
+
 def test_renaming_in_the_list_renames_the_conversation(qtbot, window) -> None:
     conversation_id = chat(qtbot, window, "Untitled thoughts")
     window.sidebar.list.item(0).setText("My notes")
