@@ -73,6 +73,9 @@ class BudgetSlider(QWidget):
         self.slider.setPageStep(max(1, round(0.05 * GB / self.unit)))
         self.slider.setEnabled(geometry is not None)
         self.spin.setValue(initial)  # within the range the spin box holds
+        # A saved budget outside what this model's range shows (chosen for a larger model) is
+        # kept unless the user changes it, as the box shows it only clamped.
+        self._saved_gb, self._shown_at_start = budget_gb, self.spin.value()
         self.slider.setValue(self._position(int(self.spin.value() * GB)))
         self.slider.valueChanged.connect(self._on_slider_moved)
         self.spin.valueChanged.connect(self._on_spin_changed)
@@ -93,7 +96,11 @@ class BudgetSlider(QWidget):
 
     def budget_gb(self) -> float | None:
         """The chosen budget; None when the cache is sized by its ratio instead."""
-        return round(self.spin.value(), self.spin.decimals()) if self.enabled_box.isChecked() else None
+        if not self.enabled_box.isChecked():
+            return None
+        if self._saved_gb is not None and self.spin.value() == self._shown_at_start:
+            return self._saved_gb
+        return round(self.spin.value(), self.spin.decimals())
 
     def too_small(self) -> bool:
         """Whether the chosen budget cannot hold the loaded model's smallest cache: saved, the

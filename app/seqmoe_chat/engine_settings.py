@@ -5,6 +5,7 @@ the context and the VRAM budget."""
 from __future__ import annotations
 
 import sqlite3
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,14 +40,18 @@ class EngineContext:
     speeds_for: Callable[[str], dict[int, float]] = lambda _policy: {}
     automatic_bytes: int | None = None
     """The budget the worker gives the cache when the user sets none (a CUDA device only)."""
+    cuda: bool | None = None
+    """Whether PyTorch here can use a CUDA GPU; None while PyTorch is not loaded (no model yet)."""
 
 
 def engine_context(model: ModelInfo | None, memory: MemorySample, chats: sqlite3.Connection) -> EngineContext:
     """On a CUDA device a budget can use the free VRAM plus what this process holds, and the
     automatic one leaves a margin of the free VRAM as the worker does; on the CPU the emulated
     budget goes up to the model's full size."""
+    torch = sys.modules.get("torch")  # imported with the engine: asked, never imported here (seconds)
+    cuda = bool(torch.cuda.is_available()) if torch is not None else None
     if model is None:
-        return EngineContext()
+        return EngineContext(cuda=cuda)
     gpu = memory.gpu if model.device.startswith("cuda") else None
 
     def speeds_for(policy: str) -> dict[int, float]:
@@ -54,11 +59,11 @@ def engine_context(model: ModelInfo | None, memory: MemorySample, chats: sqlite3
                                model.bytes_per_copy)
 
     if gpu is None:
-        return EngineContext(model, None, speeds_for)
+        return EngineContext(model, None, speeds_for, cuda=cuda)
     from seqmoe.budget import budget_for_free_memory  # loaded with the model already
 
     automatic = budget_for_free_memory(gpu.this_process, gpu.total - gpu.used)
-    return EngineContext(model, gpu.available_to_this_process, speeds_for, automatic)
+    return EngineContext(model, gpu.available_to_this_process, speeds_for, automatic, cuda)
 
 
 class EnginePage(QWidget):
@@ -66,6 +71,7 @@ class EnginePage(QWidget):
         super().__init__(parent)
         model = self.model = context.model
         self.speeds_for = context.speeds_for
+        self.cuda = context.cuda
         self.device = _combo(DEVICE_NAMES, DEVICES, options.device)
         self.device.setToolTip("Takes effect when a model is next loaded")
         self.policy = _combo(POLICY_NAMES, POLICIES, options.policy)
@@ -118,10 +124,13 @@ class EnginePage(QWidget):
         self._on_link_changed()
 
     def refusal(self) -> str | None:
-        """Why these settings cannot be kept, if they cannot: a budget too small for the loaded
-        model's smallest cache (the full policy takes no budget)."""
+        """Why these settings cannot be kept, if they cannot (saved, every start would fail to load
+        the model): a budget too small for the loaded model's smallest cache (the full policy
+        takes no budget), a CUDA GPU that PyTorch here cannot use."""
         if self.budget.too_small() and self.policy.currentData() != "full":
             return f"The VRAM budget is below the minimum {self.model.name} needs: raise it, or untick it."
+        if self.device.currentData() == "cuda" and self.cuda is False:
+            return "PyTorch here cannot use a CUDA GPU (no NVIDIA GPU, or a CPU-only build): choose automatic or the CPU."
         return None
 
     def apply_to(self, options: EngineOptions) -> None:

@@ -33,7 +33,7 @@ from .panel.dock import TelemetryDock
 from .settings_dialog import SettingsDialog
 from .sidebar import Sidebar
 from .status_bar import StatusBar
-from .store import Message
+from .store import EngineOptions, Message
 from .store.conversations import DEFAULT_TITLE
 from .store.records import ASSISTANT
 from .store.settings import THEMES
@@ -89,6 +89,7 @@ class MainWindow(QMainWindow):
 
         self.models = ModelManager(context.data_dir, self._model_in_use, parent=self)
         self.export_task = ExportTask(self)
+        self._kept_options: dict[int, EngineOptions] = {}  # by reconfigure request: the options before it
         self.export_task.sig_finished.connect(self._on_exported)
         self.export_task.sig_failed.connect(self._on_export_failed)
         self._models_dialog: ModelsDialog | None = None
@@ -425,14 +426,25 @@ class MainWindow(QMainWindow):
         self.model_bar.show_unloaded()
         self.status.show_model(None)
 
-    def _on_model_reconfigured(self, _request_id: int, info: ModelInfo) -> None:
+    def _on_model_reconfigured(self, request_id: int, info: ModelInfo) -> None:
+        self._kept_options.pop(request_id, None)
         self.status.show_model(info)
         self.status.showMessage(f"Expert cache: {info.cache_slots} of {info.total_experts} experts, policy {info.policy}",
                                 STATUS_MESSAGE_MS)
 
-    def _on_reconfigure_failed(self, _request_id: int, reason: str, info: ModelInfo) -> None:
+    def _on_reconfigure_failed(self, request_id: int, reason: str, info: ModelInfo) -> None:
         self.status.show_model(info)
-        dialogs.show_error(self, "The expert cache was not changed", reason)
+        kept = self._kept_options.pop(request_id, None)
+        later = [pending for pending in self._kept_options if pending > request_id]
+        if kept is not None and later:  # what the engine runs, should the next change be refused too
+            self._kept_options[min(later)] = kept
+        elif kept is not None:
+            # The settings say what the engine runs: kept refused, the model failed to load with
+            # them at every start. A device or context chosen since still applies at the next load.
+            engine = self.settings.engine
+            self.settings.engine = dataclasses.replace(kept, device=engine.device, context_tokens=engine.context_tokens)
+            self._save_settings()
+        dialogs.show_error(self, "The expert cache was not changed", f"{reason}\n\nThe settings are as they were.")
 
     def open_models(self) -> None:
         if self._models_dialog is None:
@@ -467,16 +479,18 @@ class MainWindow(QMainWindow):
         self.session.default_sampling = self.settings.sampling
         self.panel.set_rate(self.settings.panel_hz)
         self.set_theme(self.settings.theme)  # saves the settings
-        if self.settings.engine != before and self.client.model is not None:
-            # Queued on the worker: it applies between two replies, never during one.
-            self.client.reconfigure(self.settings.engine)
-            after = self.settings.engine
-            later = [name for name, changed in (("device", after.device != before.device),
-                                                ("context", after.context_tokens != before.context_tokens)) if changed]
-            if later:
-                verb = "applies" if len(later) == 1 else "apply"
-                self.status.showMessage(f"The {' and the '.join(later)} {verb} when the model is next loaded.",
-                                        STATUS_MESSAGE_MS)
+        after = self.settings.engine
+        if self.client.model is None:
+            return
+        # Queued on the worker: it applies between two replies, never during one.
+        if dataclasses.replace(after, device=before.device, context_tokens=before.context_tokens) != before:
+            self._kept_options[self.client.reconfigure(after)] = before
+        later = [name for name, changed in (("device", after.device != before.device),
+                                            ("context", after.context_tokens != before.context_tokens)) if changed]
+        if later:
+            verb = "applies" if len(later) == 1 else "apply"
+            self.status.showMessage(f"The {' and the '.join(later)} {verb} when the model is next loaded.",
+                                    STATUS_MESSAGE_MS)
 
     def set_theme(self, theme: str) -> None:
         self.settings.theme = theme

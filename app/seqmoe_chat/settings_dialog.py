@@ -71,6 +71,7 @@ class SettingsDialog(QDialog):
         self.refusal.setWordWrap(True)
         self.engine.budget.changed.connect(self._on_engine_changed)
         self.engine.policy.currentIndexChanged.connect(self._on_engine_changed)
+        self.engine.device.currentIndexChanged.connect(self._on_engine_changed)
         layout = QVBoxLayout(self)
         layout.addWidget(self.tabs)
         layout.addWidget(self.refusal)

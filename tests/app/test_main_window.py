@@ -272,6 +272,22 @@ def test_an_export_is_written_while_the_window_goes_on(qtbot, window, tmp_path: 
     assert drawn_on and drawn_on[0] != gui_thread and "Exported 1 conversation" in window.status.currentMessage()
 
 
+def test_a_cache_change_the_engine_refuses_is_said_and_not_kept(qtbot, window, monkeypatch) -> None:
+    # As when Settings opened while the model loaded: nothing to check the budget against then.
+    before = replace(window.settings.engine)
+
+    def tiny_budget(dialog, settings) -> None:
+        settings.engine.vram_budget_gb, settings.engine.device = 0.0001, "cpu"
+
+    monkeypatch.setattr(SettingsDialog, "exec", lambda dialog: QDialog.DialogCode.Accepted)
+    monkeypatch.setattr(SettingsDialog, "apply_to", tiny_budget)
+    window.action_settings.trigger()
+    qtbot.waitUntil(lambda: window.findChild(QMessageBox, "errorMessage") is not None, timeout=5000)
+    assert "The settings are as they were." in window.findChild(QMessageBox, "errorMessage").text()
+    kept = replace(before, device="cpu")  # the device applies at the next load: it stays chosen
+    assert window.settings.engine == kept and window.context.settings_store.load().engine == kept
+
+
 def test_themes_switch_the_palette_and_are_remembered(qtbot, make_window) -> None:
     def message_text_lightness(window) -> int:
         return next(iter(window.chat.widgets.values())).body.palette().color(QPalette.ColorRole.Text).lightness()

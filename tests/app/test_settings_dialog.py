@@ -105,6 +105,33 @@ def test_a_horizon_the_dialog_cannot_show_is_kept(qtbot, model) -> None:
     assert settings.engine.horizon == 2
 
 
+def test_a_budget_beyond_what_this_models_box_shows_is_kept_unless_changed(qtbot) -> None:
+    # Chosen with a larger model loaded; lowered to this model's top, going back to the larger
+    # one would have found its budget too small.
+    settings = Settings(engine=EngineOptions(vram_budget_gb=8.0))
+    dialog = SettingsDialog(settings, engine=EngineContext(MODEL, 8 * GB, lambda policy: {}))
+    qtbot.addWidget(dialog)
+    assert dialog.engine.budget.spin.value() < 8.0
+    dialog.apply_to(settings)
+    assert settings.engine.vram_budget_gb == 8.0
+    dialog.engine.budget.slider.setValue(dialog.engine.budget.slider.minimum() + 5)
+    dialog.apply_to(settings)
+    assert settings.engine.vram_budget_gb == round(dialog.engine.budget.spin.value(), dialog.engine.budget.spin.decimals())
+
+
+def test_a_cuda_gpu_that_pytorch_here_cannot_use_cannot_be_saved(qtbot) -> None:
+    dialog = SettingsDialog(Settings(), engine=EngineContext(MODEL, 8 * GB, lambda policy: {}, cuda=False))
+    qtbot.addWidget(dialog)
+    dialog.engine.device.setCurrentIndex(dialog.engine.device.findData("cuda"))
+    assert not dialog.ok_button.isEnabled() and "cannot use a CUDA GPU" in dialog.refusal.text()
+    dialog.engine.device.setCurrentIndex(dialog.engine.device.findData("auto"))
+    assert dialog.ok_button.isEnabled()
+    unknown = SettingsDialog(Settings(), engine=EngineContext(cuda=None))  # PyTorch not loaded yet: not known
+    qtbot.addWidget(unknown)
+    unknown.engine.device.setCurrentIndex(unknown.engine.device.findData("cuda"))
+    assert unknown.ok_button.isEnabled()
+
+
 def test_the_link_note_says_what_the_emulated_link_runs_at() -> None:
     emulated = replace(MODEL, device="cpu", link="emulated", link_gbps=0.0567, link_setup=DEFAULT_SETUP)
     assert link_text(emulated) == "now 0.0567 GB/s: one expert copy takes 3.9 layers of test-moe's decode, timed here"
@@ -235,6 +262,8 @@ def test_a_new_context_waits_for_the_next_load_and_says_so(qtbot, window, backen
 
     monkeypatch.setattr(SettingsDialog, "exec", accept)
     window.open_settings()
+    assert window.status.currentMessage() == "The context applies when the model is next loaded."
+    qtbot.wait(300)  # no reconfigure sent for it, whose answer painted over the notice
     assert window.status.currentMessage() == "The context applies when the model is next loaded."
     assert window.context.settings_store.load().engine.context_tokens == 8192
     assert len(backend.engines) == 1 and backend.engines[-1].context_tokens == 4096
