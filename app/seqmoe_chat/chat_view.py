@@ -59,6 +59,7 @@ class ChatView(QScrollArea):
         row.addStretch()
         self.setWidget(page)
         self.widgets: dict[int, MessageWidget] = {}
+        self._column_minimum = -1
         self._busy = False
         self._pending: dict[int, str] = {}
         self._render_timer = QTimer(self)
@@ -78,9 +79,13 @@ class ChatView(QScrollArea):
         return QSize(max(hint.width(), column), hint.height())
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        # The column's minimum changes with its messages (their buttons): the window must learn it.
+        # The column's minimum changes with its messages (their buttons): the window must learn it,
+        # but only then; a streaming reply asks for a layout at every render.
         if watched is self.widget() and event.type() == QEvent.Type.LayoutRequest:
-            self.updateGeometry()
+            width = self.widget().minimumSizeHint().width()
+            if width != self._column_minimum:
+                self._column_minimum = width
+                self.updateGeometry()
         return super().eventFilter(watched, event)
 
     def show_thread(self, entries: list[ThreadEntry], busy: bool) -> None:

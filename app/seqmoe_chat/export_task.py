@@ -20,7 +20,7 @@ class ExportTask(QObject):
     """One export at a time; its end arrives as a signal on the thread that made this object."""
 
     sig_finished = Signal(str, int)  # path, conversations written
-    sig_failed = Signal(str, str)  # path, reason for people
+    sig_failed = Signal(str)  # the reason, for people
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -39,9 +39,9 @@ class ExportTask(QObject):
         try:
             write_export(path, transcripts, fmt)
         except OSError as error:
-            self.sig_failed.emit(str(path), f"{path} could not be written: {error.strerror or error}")
+            self.sig_failed.emit(f"{path} could not be written: {error.strerror or error}")
         except Exception as error:  # stored data an export cannot show: a bug, but no reason to lose the window
             log.exception("exporting to %s failed", path)
-            self.sig_failed.emit(str(path), f"The conversation(s) could not be exported: {error}")
+            self.sig_failed.emit(f"The conversation(s) could not be exported: {error}")
         else:
             self.sig_finished.emit(str(path), len(transcripts))

@@ -254,14 +254,14 @@ class MainWindow(QMainWindow):
             self.sidebar.show_undo(conversation_id, title)
             if conversation_id == self.session.conversation_id:
                 remaining = self.store_ids()
-                self.session.open(remaining[0] if remaining else None)
-            self.refresh_conversations()
+                self.session.open(remaining[0] if remaining else None)  # refreshes the list with the thread
+            else:
+                self.refresh_conversations()
 
     def _undo_delete(self, conversation_id: int) -> None:
         with self._changing_chats("Restoring the conversation"):
             self.store.restore(conversation_id)
-            self.session.open(conversation_id)
-            self.refresh_conversations()
+            self.session.open(conversation_id)  # refreshes the list with the thread
 
     def edit_conversation_settings(self) -> None:
         """The shown conversation's prompt and sampling; with none shown, those of a new one,
@@ -351,7 +351,7 @@ class MainWindow(QMainWindow):
     def _on_exported(self, path: str, count: int) -> None:
         self.status.showMessage(f"Exported {count} conversation(s) to {path}", STATUS_MESSAGE_MS)
 
-    def _on_export_failed(self, _path: str, reason: str) -> None:
+    def _on_export_failed(self, reason: str) -> None:
         self.status.clearMessage()
         dialogs.show_error(self, "Export failed", reason)
 

@@ -65,14 +65,14 @@ class ResidentLayer:
         """``accesses``: ``[prefill, decode]`` counts of the experts the layers use, kept on the device."""
         self.tensors = tensors
         self.base = base
-        self.accesses = accesses
+        self._by_phase = accesses.unbind()  # views made once, not an indexing op per layer and token
         self.decoding = False
         """Set by ``decode_phase``."""
 
     def forward(self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         view = SlotView(module, self.tensors)
         used = torch.zeros(view.num_experts, dtype=torch.int64, device=index.device)
-        self.accesses[int(self.decoding)] += used.index_fill_(0, index.reshape(-1), 1).sum()
+        self._by_phase[self.decoding].add_(used.index_fill_(0, index.reshape(-1), 1).sum())
         return self.base(view, hidden, index, weights)
 
 

@@ -11,6 +11,8 @@ first) both choose by these rules. No PyTorch here: the app imports it in a blin
 from __future__ import annotations
 
 import fnmatch
+import json
+from pathlib import Path
 from typing import Any
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -31,3 +33,16 @@ def index_shards(index: dict[str, Any]) -> set[str]:
     """The weight files a safetensors index names."""
     weight_map = index.get("weight_map")
     return set(weight_map.values()) if isinstance(weight_map, dict) else set()
+
+
+def indexed_weights(folder: Path) -> list[Path] | None:
+    """The weight files ``folder``'s safetensors index names, sorted (none for a damaged index);
+    ``None`` when it has no index."""
+    index = folder / INDEX_FILE
+    if not index.is_file():
+        return None
+    try:
+        value = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return []
+    return [folder / shard for shard in sorted(index_shards(value))] if isinstance(value, dict) else []

@@ -37,7 +37,7 @@ from transformers.models.auto.modeling_auto import (
 )
 
 from .errors import ModelRefused, SeqMoEError
-from .hub_files import IN_A_FOLDER, INDEX_FILE, SMALL_PATTERNS, WEIGHT_PATTERN, index_shards
+from .hub_files import IN_A_FOLDER, INDEX_FILE, SMALL_PATTERNS, WEIGHT_PATTERN, index_shards, indexed_weights
 from .layer_configs import largest_int
 from .pinned import CudaHostRegistry, PinnedBuffers
 from .store import HostStore, expert_parameters
@@ -244,13 +244,10 @@ def quantization_method(config: PretrainedConfig) -> str | None:
 def check_weights(path: Path, skeleton: nn.Module, config: PretrainedConfig) -> list[Path]:
     """The safetensors files of the checkpoint, refused if any is missing or truncated, or holds a
     weight of another size than ``skeleton`` (built from config.json) gives it."""
-    index = path / INDEX_FILE
-    if index.is_file():
-        shards = sorted(index_shards(_json_or_empty(index)))
-        if not shards:
-            raise ModelRefused(f"{INDEX_FILE} in {path} is damaged: it names no weight files")
-        files = [path / shard for shard in shards]
-    else:
+    files = indexed_weights(path)
+    if files == []:
+        raise ModelRefused(f"{INDEX_FILE} in {path} is damaged: it names no weight files")
+    if files is None:
         files = sorted(path.glob("*.safetensors"))
     if not files:
         if any(path.glob("*.bin")) or any(path.glob("*.pt")):

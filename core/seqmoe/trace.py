@@ -33,6 +33,8 @@ from .loader import LoadedModel
 from .routers import Router, chosen_experts, find_routers
 from .user_files import output_folder, replacing, writing
 
+FORMAT = "seqmoe-trace"
+MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 SHARD_TOKENS = 8192
 PREFILL_CHUNK = 128
@@ -258,7 +260,7 @@ def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[
     folder that reads as a trace, where its shards would mix with the earlier ones. A run that
     fails removes the shards it wrote, and the folder if it made it; a ``manifest.json`` that is
     not a trace's is the user's own, and refused before any tracing."""
-    manifest_file = out / "manifest.json"
+    manifest_file = out / MANIFEST
     with output_folder(out, "the trace folder"):
         if manifest_file.exists() and not _is_trace_manifest(manifest_file):
             raise SeqMoEError(f"the trace folder {out} holds a manifest.json that is not a seqmoe trace; give another folder")
@@ -279,7 +281,7 @@ def _is_trace_manifest(file: Path) -> bool:
         manifest = json.loads(file.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(manifest, dict) and manifest.get("format") == "seqmoe-trace"
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
 
 def _write_shards(
@@ -303,8 +305,8 @@ def _write_shards(
 
     for record in records:
         if not pending and not shards:
-            with writing(out / "manifest.json"):
-                (out / "manifest.json").unlink(missing_ok=True)
+            with writing(out / MANIFEST):
+                (out / MANIFEST).unlink(missing_ok=True)
         pending.append(record)
         pending_tokens += record["document"].shape[0]
         totals["tokens"] += record["document"].shape[0]
@@ -316,7 +318,7 @@ def _write_shards(
     if not shards:
         raise SeqMoEError("the text produced no tokens to trace")
     return {
-        "format": "seqmoe-trace",
+        "format": FORMAT,
         "version": FORMAT_VERSION,
         "model": identity,
         "layers": identity["moe_layers"],
@@ -329,14 +331,14 @@ def _write_shards(
 
 
 def read_traces(folder: Path) -> Traces:
-    manifest_file = folder / "manifest.json"
+    manifest_file = folder / MANIFEST
     if not manifest_file.is_file():
         raise SeqMoEError(f"{folder} holds no traces (no manifest.json)")
     try:
         manifest = json.loads(manifest_file.read_text())
     except (OSError, ValueError) as error:
         raise SeqMoEError(f"{manifest_file} cannot be read: {error}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != "seqmoe-trace" or manifest.get("version") != FORMAT_VERSION:
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
         raise SeqMoEError(f"{folder} holds traces of an unknown format or version")
     listed = manifest.get("shards")
     if not isinstance(manifest.get("model"), dict) or not isinstance(listed, list) or not listed or not all(

@@ -30,7 +30,7 @@ from .child_process import exit_with_parent
 from .disk_space import check_disk_space
 from .hub_errors import DISK_FULL, INVALID, NO_WEIGHTS, UNSUPPORTED, VERIFY, HubRefusal, describe
 from .json_file import StoredFileError, read_json, write_json
-from .model_folders import SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION
+from .model_folders import SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION, read_source
 from .repo_files import HUB_TIMEOUT_S, INDEX_FILE, RemoteFile, download_set, remote_files, total_size
 
 PROGRESS_INTERVAL_S = 0.25
@@ -143,10 +143,7 @@ def run(repo_id: str, revision: str, staging: Path, target: Path, report: Report
 
 def _finished_here(target: Path, repo_id: str, revision: str) -> bool:
     """``target`` is this download's result: ``completed`` is written after every check passed."""
-    try:
-        source = read_json(target / SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION) or {}
-    except StoredFileError:
-        return False
+    source = read_source(target)
     return source.get("repo_id") == repo_id and source.get("revision") == revision and "completed" in source
 
 

@@ -110,12 +110,14 @@ class DownloadRunner:
         """Cancel and forget a download with its partial files (never a finished model)."""
         self.cancel(repo_id)
         shutil.rmtree(staging_dir(self.data_dir, repo_id), ignore_errors=True)
-        self.queue.entries = [e for e in self.entries if e.repo_id != repo_id]
-        self._save()
+        self._drop(lambda entry: entry.repo_id == repo_id)
 
     def forget_finished(self, folder: Path) -> None:
         """Drop the finished download of ``folder``, a model just deleted."""
-        self.queue.entries = [e for e in self.entries if not (e.state == DONE and Path(e.path) == folder)]
+        self._drop(lambda entry: entry.state == DONE and Path(entry.path) == folder)
+
+    def _drop(self, gone: Callable[[DownloadEntry], bool]) -> None:
+        self.queue.entries = [entry for entry in self.entries if not gone(entry)]
         self._save()
 
     def speed(self, repo_id: str) -> float:

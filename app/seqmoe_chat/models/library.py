@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .json_file import StoredFileError, read_json, write_json
-from .model_folders import SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION, models_dir
+from .model_folders import models_dir, read_source
 from .predictor_state import PredictorState, predictor_state
 
 LIBRARY_FILE = "library.json"
@@ -147,11 +147,7 @@ class Library:
 
 
 def _source_repo(folder: Path) -> str:
-    try:
-        source = read_json(folder / SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION) or {}
-    except StoredFileError:
-        return ""
-    return str(source.get("repo_id", ""))
+    return str(read_source(folder).get("repo_id", ""))
 
 
 def _looks_like_moe(snapshot: Path) -> bool:
@@ -165,16 +161,12 @@ def _looks_like_moe(snapshot: Path) -> bool:
 
 def _has_weights(folder: Path) -> bool:
     """Safetensors weights, with every shard that the index names (an interrupted download lacks some)."""
-    from seqmoe.hub_files import INDEX_FILE, index_shards
+    from seqmoe.hub_files import indexed_weights
 
-    try:
-        index = json.loads((folder / INDEX_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    files = indexed_weights(folder)
+    if files is None:
         return any(folder.glob("*.safetensors"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    shards = index_shards(index) if isinstance(index, dict) else set()
-    return bool(shards) and all((folder / shard).is_file() for shard in shards)
+    return bool(files) and all(file.is_file() for file in files)
 
 
 def _flat_keys(config: dict) -> list[str]:

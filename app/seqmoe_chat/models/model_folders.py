@@ -8,6 +8,9 @@ the files of one in progress (kept across cancels and restarts). A finished fold
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from .json_file import StoredFileError, read_json
 
 SOURCE_FILE = ".seqmoe-source.json"
 SOURCE_FORMAT = "seqmoe-model-source"
@@ -28,3 +31,12 @@ def target_dir(data_dir: Path, repo_id: str) -> Path:
 
 def staging_dir(data_dir: Path, repo_id: str) -> Path:
     return models_dir(data_dir) / ".partial" / folder_name(repo_id)
+
+
+def read_source(folder: Path) -> dict[str, Any]:
+    """What ``folder``'s source file says of its download; empty when it has none, or one that
+    cannot be read (kept aside by ``read_json``)."""
+    try:
+        return read_json(folder / SOURCE_FILE, SOURCE_FORMAT, SOURCE_VERSION) or {}
+    except StoredFileError:
+        return {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -56,9 +57,20 @@ class SamplingSettings:
         )
 
 
+def is_number(value: Any) -> bool:
+    """A number a float can hold: JSON's NaN, 1e400 (infinity) or a 400-digit integer is no
+    count, speed or setting, and formatting one as a float would raise."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
 def _within(value: object, bounds: tuple[float, float], default: Any, kind: type) -> Any:
-    exact = isinstance(value, int) if kind is int else isinstance(value, (int, float))
-    if not exact or isinstance(value, bool) or not bounds[0] <= value <= bounds[1]:  # NaN fails the comparison
+    exact = isinstance(value, int) and not isinstance(value, bool) if kind is int else is_number(value)
+    if not exact or not bounds[0] <= value <= bounds[1]:
         return default
     return kind(value)
 

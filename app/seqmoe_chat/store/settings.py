@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sqlite3
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..models.json_file import set_aside, write_json
-from .records import SamplingSettings
+from .records import SamplingSettings, is_number
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +83,13 @@ class EngineOptions:
             options.device = defaults.device
         if options.policy not in POLICIES:
             options.policy = defaults.policy
-        if not _is_number(options.cache_ratio) or not 0 < options.cache_ratio <= 1:
+        if not is_number(options.cache_ratio) or not 0 < options.cache_ratio <= 1:
             options.cache_ratio = defaults.cache_ratio
-        if options.vram_budget_gb is not None and not (_is_number(options.vram_budget_gb) and options.vram_budget_gb > 0):
+        if options.vram_budget_gb is not None and not (is_number(options.vram_budget_gb) and options.vram_budget_gb > 0):
             options.vram_budget_gb = None
         if options.link_setup is not None and not isinstance(options.link_setup, str):
             options.link_setup = defaults.link_setup
-        if not _is_number(options.link_gbps) or options.link_gbps <= 0:
+        if not is_number(options.link_gbps) or options.link_gbps <= 0:
             options.link_gbps = defaults.link_gbps
         if options.horizon is not None and not (isinstance(options.horizon, int) and options.horizon >= 1):
             options.horizon = defaults.horizon
@@ -142,10 +141,6 @@ class Settings:
         if isinstance(hz, int) and PANEL_HZ[0] <= hz <= PANEL_HZ[1]:
             settings.panel_hz = hz
         return settings
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _from_version_1(values: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,8 @@ class Segment:
     code: bool = False
     language: str = ""
     closed: bool = True
+    fence: str = ""
+    """The run of backticks or tildes that opened a code block."""
 
 
 def split_fences(markdown: str) -> list[Segment]:
@@ -41,7 +43,7 @@ def split_fences(markdown: str) -> list[Segment]:
         code = "".join(lines[index + 1 : body_end])
         source = "".join(lines[index : body_end + (0 if end is None else 1)])
         language = opening["info"].split()[0] if opening["info"].strip() else ""
-        segments.append(Segment(source, code.removesuffix("\n"), True, language, end is not None))
+        segments.append(Segment(source, code.removesuffix("\n"), True, language, end is not None, fence))
         index = body_end + 1
     if prose:
         segments.append(Segment("".join(prose), "".join(prose)))
@@ -52,9 +54,7 @@ def unclosed_fence(markdown: str) -> str:
     """The fence that would close a code block left open at the end of ``markdown`` (a reply
     stopped mid-block), or "" when every block is closed."""
     segments = split_fences(markdown)
-    if not segments or segments[-1].closed:
-        return ""
-    return _OPENING.match(segments[-1].source.splitlines()[0])["fence"]
+    return segments[-1].fence if segments and not segments[-1].closed else ""
 
 
 def code_blocks(markdown: str) -> list[Segment]:

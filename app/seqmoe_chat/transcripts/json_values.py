@@ -3,9 +3,9 @@ could have written, else raises TranscriptError naming the field and where it is
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from ..store.records import is_number
 from .transcript import local_time
 
 _MISSING = object()
@@ -98,17 +98,6 @@ class Fields:
             raise self.error(key, "must be a list")
         place = f"{self.where}, {name}" if self.where else name
         return [Fields(item, f"{place} {number}") for number, item in enumerate(items, start=1)]
-
-
-def is_number(value: Any) -> bool:
-    """A number a float can hold: JSON's NaN, 1e400 (infinity) or a 400-digit integer is no
-    count, speed or setting, and formatting one as a float would raise."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an integer too large for a float
-        return False
 
 
 def _within(value: float, bounds: tuple[float, float] | None) -> bool:
