@@ -15,7 +15,7 @@ from seqmoe.transfer import CopyJob, EmulatedCopier, JobState
 def job(slot: int, nbytes: int, tensors: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> CopyJob:
     """A copy of ``nbytes`` into slot ``slot``; ``tensors``, if given, is told the (destination, source)."""
     src = torch.randn(nbytes // 4)
-    dst = torch.empty_like(src)
+    dst = torch.zeros_like(src)  # touched now: a first write faulting its pages in would count as link time
     if tensors is not None:
         tensors.append((dst, src))
     return CopyJob(key=(0, slot), slot=slot, write=partial(RawExpert((src,)).write_into, [dst]), nbytes=nbytes)
