@@ -167,7 +167,7 @@ class ExpertCache:
             overlapped = self.clock() - began
             for slot in slots:
                 job = self.pool.job[slot]
-                if job is not None:
+                if job is not None and job.state is not JobState.DONE:  # a slot whose copy landed needs no wait
                     self.copier.wait(job, phase)
         except BaseException:
             self._abandon(pinned, phase)

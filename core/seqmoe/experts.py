@@ -159,10 +159,13 @@ class OffloadedLayer:
 
 
 def _slot_lookup(experts: list[int], slots: list[int], like: torch.Tensor) -> torch.Tensor:
-    """A table from expert id to slot id, on the device of ``like``."""
-    lookup = torch.zeros(max(experts) + 1, dtype=torch.long)
-    lookup[experts] = torch.tensor(slots, dtype=torch.long)
-    return lookup.to(like.device, non_blocking=True)
+    """A table from expert id to slot id, on the device of ``like``. Built as a list and made a
+    tensor in one operation: it is made at every layer, and each tensor operation costs more host
+    time than the few dozen entries of the list."""
+    lookup = [0] * (max(experts) + 1)
+    for expert, slot in zip(experts, slots):
+        lookup[expert] = slot
+    return torch.tensor(lookup, dtype=torch.long).to(like.device, non_blocking=True)
 
 
 def follow_decode_switch(model: nn.Module, experts: Sequence[nn.Module], name: str, expert_bytes: int) -> None:
