@@ -8,15 +8,18 @@ tried). So each expert is kept packed in host memory, and a copy moves 12 bits a
 
 * one byte of sign and mantissa per weight;
 * the exponent as a 4-bit code, the offset from the lowest exponent of the 16-value window
-  that holds the most of the tensor's weights, two codes a byte (the first half of the
-  tensor's weights in the low nibbles, the second half in the high ones, so that unpacking
-  is two plain passes);
+  that holds the most of the tensor's weights, two codes a byte: those of two adjacent
+  weights, the first in the low nibble (the last byte of a tensor of odd size has a high
+  nibble of 0);
 * the weights whose exponent lies outside the window (about 1 in 10,000 in the demo's
   experts) whole, with their positions, written over the unpacked tensor last.
 
 Unpacking is a few elementwise tensor operations, on whatever device the packed bytes were
 copied to, and gives back every bit: the slot holds exactly the weights of the unoffloaded
-model. Other dtypes (float16, float32, ...) are copied as they are.
+model. A code byte, widened to an int32, is spread over its pair of weights' exponents by one
+multiplication (``_SPREAD``), so a tensor takes seven operations, and two more for its escapes,
+whatever its size: with the demo's small experts on the CPU, an operation's dispatch costs more
+than its arithmetic. Other dtypes (float16, float32, ...) are copied as they are.
 """
 
 from __future__ import annotations
@@ -28,14 +31,21 @@ import torch
 
 WINDOW = 16
 """Exponents a 4-bit code covers."""
-UNPACK_WORKSPACE = 1.5
+UNPACK_WORKSPACE = 2.0
 """Device memory one unpacking holds beside the slot, in experts' bytes: the packed bytes copied
-over (about 0.75) and one half-tensor of codes widened to int16 (0.5). Copies unpack one at a
-time, in their stream's order, so the allocator reuses it for the next."""
+over (0.75 and 6 bytes a weight kept whole; at most 0.9 on a layer's average, ``WORTH_PACKING``)
+and one tensor's codes widened to an int32 a pair of weights, as many bytes as that tensor (two
+thirds for the usual gate-and-up projection, all of them for an expert of one tensor). Copies
+unpack one at a time, in their stream's order, so the allocator reuses it for the next."""
 WORTH_PACKING = 0.9
 """Packed experts are kept only if they take at most this share of the raw bytes (see ``HostStore``)."""
 _KEEP_SIGN_AND_MANTISSA = -32641
 """0x807F as int16: of a sign-extended sign-and-mantissa byte, the sign bit and the mantissa."""
+_SPREAD = 1 << 7 | 1 << 19
+"""A code byte times this has its low code at bit 7 and its high code at bit 23, the exponents'
+places of the first and second int16 of an int32 (little-endian, as every device torch runs on);
+the cross terms land at bits 11 and 19, which ``_FIELDS`` drops."""
+_FIELDS = 0xF << 7 | 0xF << 23
 _ALIGN = 4
 
 
@@ -118,7 +128,7 @@ def pack(tensors: Sequence[torch.Tensor], data: torch.Tensor | None = None) -> P
     segments, escaped, offset, escape_offset = [], [], 0, 0
     for tensor in tensors:
         bits = tensor.detach().contiguous().view(-1).view(torch.int16)
-        count, half = bits.numel(), (bits.numel() + 1) // 2
+        count, pairs = bits.numel(), (bits.numel() + 1) // 2
         code = (bits >> 7).bitwise_and_(0xFF)
         # About 65,536 of the weights are plenty to find where the exponents crowd; the rest only
         # decide how many weights are kept whole.
@@ -127,15 +137,15 @@ def pack(tensors: Sequence[torch.Tensor], data: torch.Tensor | None = None) -> P
         code.sub_(base)
         escape_index = code.bitwise_and(-WINDOW).ne_(0).nonzero().view(-1).to(torch.int32)
         code.clamp_(0, WINDOW - 1)
-        code[half:].bitwise_left_shift_(4)
-        code[: count - half].bitwise_or_(code[half:])
+        code[1::2].bitwise_left_shift_(4)  # to the high nibble of the byte of the weight before
+        code[::2][: count // 2].bitwise_or_(code[1::2])
         sign_mantissa_at = _aligned(offset)
         codes_at = _aligned(sign_mantissa_at + count)
         # The sign to bit 7 of the byte (the int16 -> uint8 copy keeps the low byte).
         sign_and_mantissa = bits & _KEEP_SIGN_AND_MANTISSA
         data[sign_mantissa_at : sign_mantissa_at + count].copy_(sign_and_mantissa.bitwise_or_(sign_and_mantissa >> 8))
-        data[codes_at : codes_at + half].copy_(code[:half])
-        offset = codes_at + half
+        data[codes_at : codes_at + pairs].copy_(code[::2])
+        offset = codes_at + pairs
         escape_bits = bits[escape_index.long()]
         escaped += [escape_index.view(torch.uint8), escape_bits.view(torch.uint8), torch.zeros(-escape_bits.numel() * 2 % _ALIGN, dtype=torch.uint8)]
         segments.append(Segment(count, base, sign_mantissa_at, codes_at, escape_offset, escape_offset + 4 * escape_index.numel(), escape_index.numel()))
@@ -145,16 +155,17 @@ def pack(tensors: Sequence[torch.Tensor], data: torch.Tensor | None = None) -> P
 
 def unpack_into(destination: torch.Tensor, data: torch.Tensor, escapes: torch.Tensor, segment: Segment) -> None:
     """Write the tensor ``segment`` of ``data`` describes into ``destination``, bit for bit."""
-    count, half = segment.numel, (segment.numel + 1) // 2
-    # Built in the destination itself: besides the packed bytes, unpacking holds at most half the
-    # tensor's size more (``UNPACK_WORKSPACE``).
+    count, pairs = segment.numel, (segment.numel + 1) // 2
+    # Built in the destination itself: besides the packed bytes, unpacking holds only the widened
+    # codes (``UNPACK_WORKSPACE``). Viewed as int16, not int32: a slot of odd size may start at an
+    # odd int16. Arithmetic, not a 256-entry table: a gather would do the work of three operations,
+    # but on the CPU it takes three times as long as they do on large tensors.
     out = destination.view(-1).view(torch.int16)
     out.copy_(data[segment.sign_mantissa : segment.sign_mantissa + count].view(torch.int8))  # sign-extended
     out.bitwise_and_(_KEEP_SIGN_AND_MANTISSA)
-    codes = data[segment.codes : segment.codes + half]
-    base = segment.base << 7
-    out[:half].bitwise_or_((codes & 0xF).to(torch.int16).mul_(128).add_(base))
-    out[half:].bitwise_or_((codes[: count - half] >> 4).to(torch.int16).mul_(128).add_(base))
+    exponents = data[segment.codes : segment.codes + pairs].int().mul_(_SPREAD).bitwise_and_(_FIELDS)
+    exponents.add_(segment.base * (1 << 7 | 1 << 23))  # added, not ORed: base + code carries
+    out.bitwise_or_(exponents.view(torch.int16)[:count])
     if segment.escapes:
         index = escapes[segment.escape_index : segment.escape_index + 4 * segment.escapes].view(torch.int32).long()
         out[index] = escapes[segment.escape_bits : segment.escape_bits + 2 * segment.escapes].view(torch.int16)

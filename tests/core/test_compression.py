@@ -35,6 +35,29 @@ def test_every_bit_comes_back_whatever_the_length_and_values(size: int) -> None:
     assert all(same_bits(a, b) for a, b in zip(unpacked(tensors), tensors))
 
 
+def test_a_slot_of_odd_size_at_an_odd_offset_gets_its_weights_and_no_more() -> None:
+    torch.manual_seed(0)
+    weights = (torch.randn(7) * 0.02).to(torch.bfloat16)
+    weights[-1] = 0.0  # kept whole, at the slot's last position
+    pool = torch.full((3, 7), float("nan"), dtype=torch.bfloat16)
+    pack([weights]).write_into([pool[1]])
+    assert same_bits(pool[1], weights) and pool[0].isnan().all() and pool[2].isnan().all()
+
+
+@pytest.mark.parametrize("size", [4096, 4097])
+def test_exponents_at_the_edges_of_the_window_and_just_outside_it(size: int) -> None:
+    """Every exponent in 100..115, evenly: that window holds the most; 99 and 116 are kept whole."""
+    torch.manual_seed(size)
+    exponents = 100 + torch.arange(size) % 16
+    exponents[:4] = torch.tensor([99, 116, 115, 100])  # codes 15 and 0 in a byte's low and high nibble (0, 15 at 16, 15)
+    exponents[-1] = 116
+    signs = torch.randint(0, 2, (size,)) * -(2**15)
+    weights = (signs | exponents << 7 | torch.randint(0, 128, (size,))).to(torch.int16).view(torch.bfloat16)
+    packed = pack([weights])
+    assert packed.segments[0].base == 100 and packed.segments[0].escapes == 3
+    assert same_bits(unpacked([weights])[0], weights)
+
+
 def test_trained_looking_weights_take_about_three_quarters_of_their_bytes() -> None:
     torch.manual_seed(0)
     tensors = [(torch.randn(256, 128) * 0.02).to(torch.bfloat16), (torch.randn(128, 128) * 0.05).to(torch.bfloat16)]
