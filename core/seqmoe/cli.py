@@ -338,11 +338,13 @@ def read_prompts(path: Path) -> list[str]:
 def traced_routers(model: str | None, identity: dict[str, object]) -> list[RouterLogits]:
     """The routers of the model the traces were recorded with (loaded, never run)."""
     from .loader import load_model
+    from .predictor.model import same_model
     from .routers import router_logits
     from .trace import model_identity
 
     loaded = load_model(model or str(demo_model_dir()), device="cpu")
-    if model_identity(loaded) != identity:
+    traced = model_identity(loaded)
+    if traced["name"] != identity.get("name") or not same_model(traced, identity):
         raise SeqMoEError(f"the traces are of {identity.get('name')}, not of {loaded.path.name}: "
                           "give the traced model with --model")
     return router_logits(loaded)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from transformers import DynamicCache
 from .errors import SeqMoEError
 from .experts import decode_phase
 from .loader import LoadedModel
-from .routers import Router, chosen_experts, find_routers
+from .routers import LinearRouter, Router, chosen_experts, find_routers
 from .user_files import output_folder, replacing, writing
 
 FORMAT = "seqmoe-trace"
@@ -50,11 +51,37 @@ def model_identity(loaded: LoadedModel) -> dict[str, object]:
         "architecture": loaded.architecture,
         "name": loaded.path.name,
         "config_sha256": hashlib.sha256(config_bytes).hexdigest(),
+        "routers_sha256": routers_digest(loaded),
         "moe_layers": loaded.host.num_layers,
         "num_experts": layout.num_experts,
         "top_k": loaded.top_k,
         "hidden_size": loaded.config.get_text_config().hidden_size,
     }
+
+
+_ROUTER_DIGESTS: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+
+
+def routers_digest(loaded: LoadedModel) -> str:
+    """sha256 of every MoE layer's router weights. A predictor forecasts their choices: weights
+    saved over a model's folder under the same config.json (a fine-tune, a re-download of another
+    revision) make another model to it. Hashed in bfloat16, so that the model loaded in another
+    floating dtype (``--dtype``) is the same model; once per loaded model (tens of MB for the
+    largest routers)."""
+    digest = _ROUTER_DIGESTS.get(loaded.model)
+    if digest is None:
+        hashed = hashlib.sha256()
+        for router in find_routers(loaded):
+            for tensor in _router_tensors(router):
+                hashed.update(tensor.detach().to("cpu", torch.bfloat16).reshape(-1).view(torch.uint8).numpy())
+        digest = _ROUTER_DIGESTS[loaded.model] = hashed.hexdigest()
+    return digest
+
+
+def _router_tensors(router: Router) -> list[torch.Tensor]:
+    if isinstance(router, LinearRouter):
+        return [router.weight] if router.bias is None else [router.weight, router.bias]
+    return list(router.module.state_dict().values())
 
 
 class RoutingRecorder:

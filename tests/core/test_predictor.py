@@ -22,7 +22,7 @@ from seqmoe.predictor.training import TrainingOptions, train_predictor, validati
 from seqmoe.routers import find_routers
 from seqmoe.trace import Document, RoutingRecorder, model_identity, read_documents, read_traces, trace_document, write_traces
 
-from .conftest import CHAT_TEXT
+from .conftest import CHAT_TEXT, FAMILIES, build_model
 
 def test_trace_round_trip_records_the_routers_real_choice(traced: tuple[Path, Path]) -> None:
     model_dir, out = traced
@@ -198,6 +198,35 @@ def test_predictor_for_another_model_is_refused(traced: tuple[Path, Path], tiny_
                    "--predictor", str(path), "--device", "cpu"])
     assert status == 2
     assert "calibrate" in capsys.readouterr().err
+
+
+def test_a_predictor_for_other_weights_saved_under_the_same_config_is_refused(
+    traced: tuple[Path, Path], tmp_path: Path
+) -> None:
+    model_dir, out = traced
+    path = tmp_path / "qwen3.safetensors"
+    save_predictor(train_predictor(read_traces(out), TrainingOptions(epochs=1, width=16), progress=False), path)
+    retrained = build_model(tmp_path / "again" / model_dir.name, FAMILIES["qwen3_moe"], seed=1)
+    assert (retrained / "config.json").read_bytes() == (model_dir / "config.json").read_bytes()
+    with pytest.raises(SeqMoEError, match="trained for other weights of qwen3_moe"):
+        load_predictor(path, model_identity(load_model(str(retrained), device="cpu")))
+    assert load_predictor(path, model_identity(load_model(str(model_dir), device="cpu"))) is not None
+
+
+def test_a_predictor_saved_before_routers_were_fingerprinted_is_still_used(traced: tuple[Path, Path], tmp_path: Path) -> None:
+    model_dir, out = traced
+    path = tmp_path / "old.safetensors"
+    save_predictor(train_predictor(read_traces(out), TrainingOptions(epochs=1, width=16), progress=False), path)
+    config = json.loads(path.with_suffix(".json").read_text())
+    del config["model"]["routers_sha256"]
+    path.with_suffix(".json").write_text(json.dumps(config))
+    assert load_predictor(path, model_identity(load_model(str(model_dir), device="cpu"))).config.width == 16
+
+
+def test_the_routers_fingerprint_does_not_depend_on_the_dtype_the_model_is_loaded_in(traced: tuple[Path, Path]) -> None:
+    model_dir, _ = traced
+    digests = {model_identity(load_model(str(model_dir), device="cpu", dtype=dtype))["routers_sha256"] for dtype in ("float32", "bfloat16")}
+    assert len(digests) == 1
 
 
 def test_eval_predictor_reports_what_the_predictor_costs_a_decode_step(

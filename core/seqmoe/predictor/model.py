@@ -151,6 +151,9 @@ def load_predictor(path: Path, identity: dict[str, object] | None = None, device
         config = PredictorConfig(**json.loads(config_file.read_text()))
     except (TypeError, ValueError) as error:
         raise SeqMoEError(f"{config_file.name} is not a predictor config of this seqmoe version: {error}") from None
+    if identity is not None and same_model(config.model, identity, routers=False) and not same_model(config.model, identity):
+        raise SeqMoEError(f"predictor {path.name} was trained for other weights of {identity.get('name')} (its routers "
+                          "differ: the model was changed since); calibrate one for it with `seqmoe calibrate`")
     if identity is not None and not same_model(config.model, identity):
         raise SeqMoEError(
             f"predictor {path.name} was trained for {config.model.get('name')} "
@@ -170,9 +173,16 @@ def load_predictor(path: Path, identity: dict[str, object] | None = None, device
     return predictor.to(device).eval()
 
 
-def same_model(a: dict[str, object], b: dict[str, object]) -> bool:
+def same_model(a: dict[str, object], b: dict[str, object], routers: bool = True) -> bool:
+    """Whether identities ``a`` and ``b`` (``trace.model_identity``) are of one model; with
+    ``routers=False``, of one configuration, whatever the weights."""
     keys = ("architecture", "config_sha256", "moe_layers", "num_experts", "top_k", "hidden_size")
-    return all(a.get(key) == b.get(key) for key in keys)
+    if not all(a.get(key) == b.get(key) for key in keys):
+        return False
+    # Traces and predictors made before the routers were fingerprinted have no digest: their
+    # configuration alone speaks for them.
+    known = a.get("routers_sha256"), b.get("routers_sha256")
+    return not routers or None in known or known[0] == known[1]
 
 
 def parameter_limit(non_expert_parameters: int) -> int:
