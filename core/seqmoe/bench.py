@@ -310,6 +310,8 @@ def format_table(rows: list[BenchRow]) -> str:
             f"{d['decode_copies_per_token']:>12.2f}{d['unused_prefetch_fraction']:>11.1%}"
             f"{d['prefill_tokens_per_s']:>15.1f}{_optional(row.copy_layers):>12}  {'yes' if d['same_tokens_as_full'] else 'NO'}"
         )
+    # The full row's tok/s is the mean of all its runs, a row's vs full its own bracketing runs (run_bench).
+    lines.append("vs full: each run against the two full runs around it, so it may rank rows otherwise than tok/s")
     return "\n".join(lines)
 
 

@@ -58,6 +58,8 @@ def test_bench_reports_every_policy_and_ratio_with_identical_tokens(
     (bound,) = report["bounds"]
     assert bound["cache_ratio"] == 0.5 and bound["min_copies_per_token"] >= 0 and 0 < bound["copy_bound_ratio_to_full"] <= 1
     assert "Belady's MIN" in err
+    # The full row's tok/s is the mean of all its runs, a row's vs full its own bracketing runs: said under the table.
+    assert "vs full: each run against the two full runs around it" in err
     stream = report["event_stream"]
     assert stream["events_per_token"] > 0 and stream["tokens_per_s_with_listener"] > 0
     assert "event stream:" in err and "oracle" in err
