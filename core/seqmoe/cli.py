@@ -193,7 +193,7 @@ def run_generate(args: argparse.Namespace) -> int:
     prompt_ids = engine.encode(args.prompt, chat=args.chat)
     printer = None if args.json else _StreamPrinter(engine.loaded.tokenizer)
     result = engine.generate(prompt_ids, sampling, on_token=printer.add if printer else None)
-    note = predictor_note(engine) if args.policy == "seqmoe" and not args.json else None
+    note, predictor = (predictor_note(engine), predictor_file(engine)) if args.policy == "seqmoe" else (None, None)
     engine.close()
     if args.json:
         payload = {
@@ -201,6 +201,7 @@ def run_generate(args: argparse.Namespace) -> int:
             "token_ids": result.token_ids,
             "prompt_tokens": result.prompt_tokens,
             "stats": result.stats.as_dict(),
+            "predictor": predictor,
         }
         print(json.dumps(payload))
     else:
@@ -208,9 +209,9 @@ def run_generate(args: argparse.Namespace) -> int:
         print(result.stats.summary(), file=sys.stderr)
         if result.stats.context_full:
             print(f"the reply stopped where the {engine.context_tokens}-token context was full", file=sys.stderr)
-        if note is not None:
-            # After the reply, so that a refusal or a failure stays the one line it is.
-            print(note, file=sys.stderr)
+    if note is not None:
+        # After the reply, so that a refusal or a failure stays the one line it is.
+        print(note, file=sys.stderr)
     return 0
 
 
@@ -268,7 +269,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     report = {
         "model": engine.loaded.path.name,
         "link": link_note,
-        "predictor": str(engine.predictor_path) if "seqmoe" in policies and engine.predictor() else None,
+        "predictor": predictor_file(engine) if "seqmoe" in policies else None,
         "rows": [row.as_dict() for row in rows],
         "bounds": [bound.as_dict() for bound in result.bounds],
     }
@@ -302,6 +303,11 @@ def predictor_note(engine: Engine) -> str:
         return f"seqmoe forecasts with the predictor {engine.predictor_path}"
     return (f"seqmoe has no calibrated predictor for {engine.loaded.path.name} and forecasts one layer ahead with "
             f"the next layer's router; `seqmoe calibrate --model {engine.loaded.path}` trains one")
+
+
+def predictor_file(engine: Engine) -> str | None:
+    """The predictor file the ``seqmoe`` policy forecasts with; ``None`` for the router fallback."""
+    return str(engine.predictor_path) if engine.predictor() is not None else None
 
 
 def policy_list(text: str, known: Sequence[str]) -> list[str]:

@@ -240,9 +240,31 @@ def test_eval_predictor_reports_what_the_predictor_costs_a_decode_step(
     status = main(["eval-predictor", "--model", str(model), "--text", str(text), "--predictor", str(path),
                    "--continuation", "2", "--max-tokens", "200", "--json", "--device", "cpu"])
     assert status == 0
-    cost = json.loads(capsys.readouterr().out)["predictor"]
+    out, err = capsys.readouterr()
+    cost = json.loads(out)["predictor"]
+    assert cost["file"] == str(path) and f"predictor {path}: " in err  # which predictor was evaluated
     assert cost["stride"] == 1 and cost["forecasts_per_decode_step"] == pytest.approx(3, abs=0.5)  # 3 MoE layers
     assert cost["ms_per_forecast"] > 0 and 0 < cost["cost_fraction_of_decode_step"] < 1
+
+
+def test_generate_names_the_predictor_seqmoe_forecasts_with_or_its_router_fallback(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from seqmoe.predictor.calibration import user_predictor_path
+
+    model, out = traced
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no calibrated predictor yet
+    argv = ["generate", "--model", str(model), "--device", "cpu", "--prompt", "hi", "--max-new-tokens", "3",
+            "--policy", "seqmoe", "--json"]
+    assert main(argv) == 0
+    out_text, err = capsys.readouterr()
+    assert json.loads(out_text)["predictor"] is None and "no calibrated predictor" in err
+    traces = read_traces(out)
+    path = user_predictor_path(traces.manifest["model"])
+    save_predictor(train_predictor(traces, TrainingOptions(epochs=1, width=16), progress=False), path)
+    assert main(argv) == 0
+    out_text, err = capsys.readouterr()
+    assert json.loads(out_text)["predictor"] == str(path) and f"seqmoe forecasts with the predictor {path}" in err
 
 
 def test_a_damaged_predictor_file_is_named_in_one_line(

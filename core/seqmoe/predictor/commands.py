@@ -93,7 +93,7 @@ def run_eval(engine: Engine, args: argparse.Namespace) -> int:
             result["reuse"] = evaluate_reuse(predictor.reuse, samples)
         except ValueError:  # no decode tokens in the text's traces
             pass
-    result["predictor"] = _cost(engine, path)
+    result["predictor"] = {"file": str(path), **_cost(engine, path)}
     if args.json:
         print(json.dumps(result))
     print(format_eval(result), file=sys.stderr)
@@ -147,7 +147,7 @@ def format_eval(result: dict[str, object]) -> str:
         )
     cost = result["predictor"]
     lines.append(
-        f"predictor: {cost['parameters']:,} parameters, {cost['ms_per_forecast']:.3f} ms per forecast x "
+        f"predictor {cost['file']}: {cost['parameters']:,} parameters, {cost['ms_per_forecast']:.3f} ms per forecast x "
         f"{cost['forecasts_per_decode_step']:.1f} per token (every {cost['stride']} MoE layers) "
         f"+ {cost['reuse_ms_per_token']:.3f} ms of reuse forecast per token = "
         f"{cost['cost_fraction_of_decode_step']:.1%} of a {cost['decode_step_ms']:.1f} ms decode step on {cost['device']}"
