@@ -172,6 +172,9 @@ class BenchResult:
     bounds: list[CopyBound]
     """Per cache ratio, what no policy passes on these prompts (``bound``) when a copy takes the
     setup's ``copy_layers``; none on a real link."""
+    cut: list[tuple[int, int]]
+    """(prompt number from 1, reply tokens) of each reply the context ended before ``max_new_tokens``:
+    the same under every policy, whose tokens are ``full``'s."""
 
 
 def run_bench(
@@ -232,7 +235,8 @@ def run_bench(
     engine.configure("full")
     rows.insert(0, BenchRow("full", 1.0, engine.cache_slots, full, 1.0, True, bytes_per_copy))
     engine.close()
-    return BenchResult(rows, bounds)
+    cut = [(number, run.stats.tokens) for number, run in enumerate(reference, 1) if run.stats.context_full]
+    return BenchResult(rows, bounds, cut)
 
 
 def event_stream_overhead(

@@ -230,7 +230,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     ratios = cache_ratios(args.cache_ratios)
     if args.max_new_tokens < 2:
         raise SeqMoEError("--max-new-tokens must be at least 2: decode speed is timed from the second token on")
-    texts = read_prompts(args.prompts) if args.prompts else BUILT_IN_PROMPTS
+    texts, blank = read_prompts(args.prompts) if args.prompts else (BUILT_IN_PROMPTS, 0)
     if args.plot:  # checked before a run of minutes, not after it
         try:
             import matplotlib  # noqa: F401
@@ -261,6 +261,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
     result = run_bench(engine, prompts, policies, ratios, args.max_new_tokens, copy_layers)
     rows = result.rows
     title = f"{engine.loaded.architecture}, {len(prompts)} prompts x {args.max_new_tokens} tokens; {link_note}"
+    if result.cut:
+        title += (f"\nthe {engine.context_tokens}-token context cut replies short: "
+                  + ", ".join(f"prompt {number} at {tokens} tokens" for number, tokens in result.cut))
+    if not chat:
+        title += f"\n{engine.loaded.path.name} has no chat template: the prompts went to it as plain text"
     title += ("\neach prompt starts with the cache as configure fills it: under seqmoe with the experts its "
               "predictor's routing frequencies rank first, under the oracle with those the run uses first, "
               "empty under lru and gate")
@@ -272,6 +277,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         "predictor": predictor_file(engine) if "seqmoe" in policies else None,
         "rows": [row.as_dict() for row in rows],
         "bounds": [bound.as_dict() for bound in result.bounds],
+        "context_cut": [{"prompt": number, "tokens": tokens} for number, tokens in result.cut],
     }
     if overhead is not None:
         report["event_stream"] = overhead
@@ -279,6 +285,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         print(json.dumps(report))
     out = sys.stderr if args.json else sys.stdout
     print(title, file=out)
+    if blank:
+        print(f"{blank} blank line{'s' if blank > 1 else ''} of {args.prompts} skipped: one prompt a line", file=out)
     print(format_table(rows), file=out)
     for bound in result.bounds:
         print(bound.summary, file=out)
@@ -332,13 +340,13 @@ def cache_ratios(text: str) -> list[float]:
     return list(dict.fromkeys(ratios))
 
 
-def read_prompts(path: Path) -> list[str]:
-    """One prompt per non-blank line of ``path``."""
+def read_prompts(path: Path) -> tuple[list[str], int]:
+    """One prompt per non-blank line of ``path``, and how many blank lines were skipped."""
     lines = read_text(path, "the prompts file ").splitlines()
     prompts = [line.strip() for line in lines if line.strip()]
     if not prompts:
         raise SeqMoEError(f"the prompts file {path} holds no prompts (one per line)")
-    return prompts
+    return prompts, len(lines) - len(prompts)
 
 
 def traced_routers(model: str | None, identity: dict[str, object]) -> list[RouterLogits]:

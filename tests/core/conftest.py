@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -156,6 +157,16 @@ def save_tokenizer(folder: Path) -> None:
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=f"<{EOS}>", unk_token="<0>", pad_token="<0>")
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(folder)
+
+
+def without_chat_template(source: Path, target: Path) -> Path:
+    """A copy of the model at ``source`` whose tokenizer has no chat template."""
+    shutil.copytree(source, target)
+    (target / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (target / "tokenizer_config.json").write_text(json.dumps(config))
+    return target
 
 
 def build_model(folder: Path, config: transformers.PretrainedConfig, seed: int = 0) -> Path:

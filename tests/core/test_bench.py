@@ -16,6 +16,7 @@ from seqmoe.cli import build_parser, main
 from seqmoe.errors import SeqMoEError
 from seqmoe.hardware import DEFAULT_SETUP
 
+from .conftest import without_chat_template
 from .test_equivalence import PROMPT
 
 ROW_KEYS = {
@@ -48,6 +49,7 @@ def test_bench_reports_every_policy_and_ratio_with_identical_tokens(
     # Which experts are still loading when the next one misses (never victims) depends on the
     # link's timing, so a policy's few decode tokens here now and then find everything resident.
     assert rows[0]["decode_copies_per_token"] == 0 and any(row["decode_copies_per_token"] > 0 for row in rows[1:])
+    assert "1 blank line of" in err and "skipped: one prompt a line" in err and report["context_cut"] == []
     # The same prompts for every policy; full ran them before and after every row too.
     assert len({row["tokens"] for row in rows[1:]}) == 1 and rows[0]["tokens"] == 9 * rows[1]["tokens"]
     assert "one expert's bytes take 3.94 x" in report["link"] and "before every run" in report["link"]
@@ -65,6 +67,23 @@ def test_bench_reports_every_policy_and_ratio_with_identical_tokens(
     assert "event stream:" in err and "oracle" in err
     # seqmoe ran on the router fallback, and the report says so.
     assert report["predictor"] is None and "no calibrated predictor" in err and "seqmoe calibrate --model" in err
+
+
+def test_bench_says_what_it_sent_and_what_the_context_cut(
+    mixtral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = without_chat_template(mixtral_dir, tmp_path / "plain")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello there\n\n  \nhi\n", encoding="utf-8")  # plain text: 11 and 2 tokens
+    status = main(["bench", "--model", str(model), "--device", "cpu", "--prompts", str(prompts), "--policies", "lru",
+                   "--cache-ratios", "0.5", "--max-new-tokens", "6", "--context", "14", "--json"])
+    out, err = capsys.readouterr()
+    assert status == 0
+    assert f"2 blank lines of {prompts} skipped" in err
+    assert "plain has no chat template: the prompts went to it as plain text" in err
+    # The first reply had room for 3 tokens of the 6 asked for; the second, all 6.
+    assert "the 14-token context cut replies short: prompt 1 at 3 tokens\n" in err
+    assert json.loads(out)["context_cut"] == [{"prompt": 1, "tokens": 3}]
 
 
 @pytest.mark.parametrize(

@@ -6,15 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import json
-import shutil
-
 import pytest
 
 from seqmoe import Engine, SeqMoEError, load_model
 from seqmoe.cli import main
 
-from .conftest import CHAT_TEMPLATE, CHAT_TEXT
+from .conftest import CHAT_TEMPLATE, CHAT_TEXT, without_chat_template
 
 NO_SYSTEM = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
 ALTERNATING = (
@@ -70,11 +67,7 @@ def test_a_model_without_a_chat_template_asks_for_a_plain_prompt(engine: Engine)
 def test_chat_text_for_a_model_without_a_chat_template_is_refused_in_one_line(
     mixtral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
 ) -> None:
-    model = shutil.copytree(mixtral_dir, tmp_path / "plain")
-    (model / "chat_template.jinja").unlink(missing_ok=True)
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    model = without_chat_template(mixtral_dir, tmp_path / "plain")
     text = tmp_path / "chat.txt"
     text.write_text(CHAT_TEXT)
     out = tmp_path / "traces"

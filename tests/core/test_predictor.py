@@ -22,7 +22,7 @@ from seqmoe.predictor.training import TrainingOptions, train_predictor, validati
 from seqmoe.routers import find_routers
 from seqmoe.trace import Document, RoutingRecorder, model_identity, read_documents, read_traces, trace_document, write_traces
 
-from .conftest import CHAT_TEXT, FAMILIES, build_model
+from .conftest import CHAT_TEXT, FAMILIES, build_model, without_chat_template
 
 def test_trace_round_trip_records_the_routers_real_choice(traced: tuple[Path, Path]) -> None:
     model_dir, out = traced
@@ -404,6 +404,19 @@ def test_calibration_refuses_a_text_it_cannot_learn_from(mixtral_dir: Path, tmp_
                    "--tokens", tokens])
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bar's line
     assert status == 2 and last.startswith("seqmoe: error: ") and words in last, last
+
+
+def test_calibration_says_when_the_model_has_no_chat_template(
+    mixtral_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model = without_chat_template(mixtral_dir, tmp_path / "plain")
+    text = tmp_path / "calibration.txt"
+    text.write_text(CHAT_TEXT)
+    status = main(["calibrate", "--model", str(model), "--device", "cpu", "--text", str(text), "--epochs", "1",
+                   "--tokens", "300"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert status == 0 and last == "plain has no chat template: the calibration text went to it as plain text, each conversation once"
 
 
 class Cancelled(Exception):

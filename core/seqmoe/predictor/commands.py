@@ -166,4 +166,7 @@ def run_calibrate(engine: Engine, args: argparse.Namespace) -> int:
     report = predictor.config.report
     print(f"calibrated in {report['seconds']:.0f} s of training: validation loss {report['validation_loss']:.4f}; "
           f"predictor saved to {path}", file=sys.stderr)
+    if not engine.loaded.tokenizer.chat_template:  # calibrate replies to each user turn through the template
+        print(f"{engine.loaded.path.name} has no chat template: the calibration text went to it as plain text, "
+              "each conversation once", file=sys.stderr)
     return 0
