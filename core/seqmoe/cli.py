@@ -157,7 +157,9 @@ def add_cache_arguments(parser: argparse.ArgumentParser, policy: str = "lru") ->
     parser.add_argument("--policy", choices=POLICY_NAMES, default=policy, help="expert cache policy (default: %(default)s)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--cache-ratio", type=float,
-                      help="fraction of all routed experts kept on the device (default, with no --vram-budget: all of them)")
+                      help="share of all routed experts the device's expert cache holds (default, with no --vram-budget: "
+                           "all of them; lru, gate and seqmoe without a predictor start it empty and copy each expert in "
+                           "when first needed)")
     size.add_argument("--vram-budget", type=float, metavar="GB", help="device memory budget in GiB, all included")
 
 
