@@ -57,7 +57,7 @@ class CacheGeometry:
     def slots_for_ratio(self, ratio: float) -> int:
         if not 0 < ratio <= 1:
             raise BudgetTooSmall(f"cache ratio must be in (0, 1], got {ratio}")
-        return self._checked(round(ratio * self.total_experts), ratio=ratio)
+        return self._checked(ratio_slots(ratio, self.total_experts), ratio=ratio)
 
     def slots_for_budget(self, budget_bytes: int) -> int:
         spare = budget_bytes - self.resident_bytes - self.kv_bytes - self.workspace_bytes
@@ -79,12 +79,19 @@ def minimum_slots(total_experts: int, top_k: int) -> int:
     return min(top_k + 1, total_experts)
 
 
+def ratio_slots(ratio: float, total_experts: int) -> int:
+    """The slots a cache of ``ratio`` of all experts has: the nearest whole number."""
+    return round(ratio * total_experts)
+
+
 def too_few_slots(asked: str, slots: int, total_experts: int, top_k: int) -> str:
     """Why the ``slots`` that ``asked`` leaves are too few, and the least cache ratio that is enough."""
     need = minimum_slots(total_experts, top_k)
     why = f"top-k {top_k} + 1" if need == top_k + 1 else f"all its experts: top-k {top_k}"
+    # The least ratio of two decimals that rounds to enough slots (0.02 of 128 experts gives 3).
+    least = next(ratio for ratio in (h / 100 for h in range(1, 101)) if ratio_slots(ratio, total_experts) >= need)
     return (f"{asked} leaves {slots} expert slots, below this model's minimum of {need} ({why}): "
-            f"it needs a cache ratio of at least {math.ceil(need / total_experts * 100) / 100:.2f}")
+            f"it needs a cache ratio of at least {least:.2f}")
 
 
 def _gib_rounded_up(size: int, decimals: int) -> str:

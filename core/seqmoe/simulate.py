@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .bound import Access, CopyBound, fewest_copies
-from .budget import minimum_slots, too_few_slots
+from .budget import minimum_slots, ratio_slots, too_few_slots
 from .cache import ExpertCache
 from .compression import RawExpert
 from .errors import BudgetTooSmall
@@ -229,7 +229,7 @@ def cache_slots(traces: Traces, cache_ratio: float) -> int:
     """The slots of a cache holding ``cache_ratio`` of all experts; refused below the engine's
     minimum, as the engine refuses it."""
     total, top_k = traces.experts.shape[1] * traces.probs.shape[-1], traces.experts.shape[2]
-    slots = round(cache_ratio * total)
+    slots = ratio_slots(cache_ratio, total)
     if slots < minimum_slots(total, top_k):
         raise BudgetTooSmall(too_few_slots(f"cache ratio {cache_ratio}", slots, total, top_k))
     return slots

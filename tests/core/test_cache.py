@@ -195,6 +195,11 @@ def test_budget_below_minimum_names_the_minimum() -> None:
         geometry().slots_for_budget(12 * 2**20)
     with pytest.raises(BudgetTooSmall):
         geometry().slots_for_ratio(0.0)
+    # The least ratio named is the least of two decimals that works, as slots are rounded to the nearest.
+    for total, top_k, below, least in ((128, 2, 0.01, 0.02), (24, 2, 0.10, 0.11), (24, 4, 0.18, 0.19)):
+        with pytest.raises(BudgetTooSmall, match=f"a cache ratio of at least {least:.2f} or"):
+            geometry(total_experts=total, top_k=top_k).slots_for_ratio(below)
+        assert geometry(total_experts=total, top_k=top_k).slots_for_ratio(least) == top_k + 1
     # A layer whose top-k is every expert needs them all, not one more than there are.
     with pytest.raises(BudgetTooSmall, match=r"minimum of 8 \(all its experts: top-k 8\)"):
         geometry(total_experts=8, top_k=8).slots_for_ratio(0.5)

@@ -219,7 +219,7 @@ def test_a_budget_that_is_no_number_is_refused(capsys: pytest.CaptureFixture[str
 
 
 def test_budget_below_minimum(capsys: pytest.CaptureFixture[str], mixtral_dir: Path) -> None:
-    assert_refused(capsys, mixtral_dir, "minimum of 3", "a cache ratio of at least 0.13", extra=("--cache-ratio", "0.05"))
+    assert_refused(capsys, mixtral_dir, "minimum of 3", "a cache ratio of at least 0.11", extra=("--cache-ratio", "0.05"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
