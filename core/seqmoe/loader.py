@@ -260,9 +260,39 @@ def check_weights(path: Path, skeleton: nn.Module, config: PretrainedConfig) -> 
         if not file.is_file():
             raise ModelRefused(f"weight file {file.name} is missing from {path}")
         stored.update(_read_safetensors_header(file))
+    missing = _missing_expert_weights(stored)
+    if missing:
+        raise _lacks(path.name, missing)
     if quantization_method(config) is None:  # quantized weights are stored under other names and sizes
         _check_sizes(path.name, skeleton, stored)
     return files
+
+
+_PER_EXPERT = re.compile(r"(?P<experts>.+\.experts)\.(?P<number>\d+)\.(?P<weight>.+)")
+
+
+def _missing_expert_weights(stored: dict[str, list[int]]) -> list[str]:
+    """The weights a checkpoint storing each expert apart (``...experts.3.w1.weight``) lacks below a
+    layer's highest expert number. transformers stacks the experts it finds into one tensor and
+    reports the gap as a tensor of another size than the config gives, or as a failed conversion;
+    experts missing above the highest number cannot be told from a config asking for more."""
+    layers: dict[str, dict[str, set[int]]] = {}
+    for key in stored:
+        match = _PER_EXPERT.fullmatch(key)
+        if match:
+            layers.setdefault(match["experts"], {}).setdefault(match["weight"], set()).add(int(match["number"]))
+    return [
+        f"{experts}.{number}.{weight}"
+        for experts, weights in sorted(layers.items())
+        for number in range(1 + max(max(numbers) for numbers in weights.values()))
+        for weight, numbers in sorted(weights.items())
+        if number not in numbers
+    ]
+
+
+def _lacks(name: str, missing: list[str]) -> ModelRefused:
+    more = f" and {len(missing) - 1} more weights" if len(missing) > 1 else ""
+    return ModelRefused(f"the checkpoint of {name} lacks {missing[0]}{more}")
 
 
 def _check_sizes(name: str, skeleton: nn.Module, stored: dict[str, list[int]]) -> None:
@@ -472,8 +502,7 @@ def load_model(
     except (OSError, ValueError, RuntimeError, ImportError, SafetensorError) as error:
         raise ModelRefused(f"loading the weights of {path.name} failed: {_first_line(error)}") from None
     if info["missing_keys"]:
-        missing = sorted(info["missing_keys"])
-        raise ModelRefused(f"the checkpoint lacks {len(missing)} weights, e.g. {missing[0]}")
+        raise _lacks(path.name, sorted(info["missing_keys"]))
     if info["mismatched_keys"]:
         raise _shapes_differ(path.name, sorted(info["mismatched_keys"], key=lambda entry: entry[0]))
     hf_model.eval()

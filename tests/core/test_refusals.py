@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file, save_file
 
 import seqmoe.loader
 from seqmoe import ModelRefused, load_model
@@ -157,6 +158,23 @@ def test_weights_of_other_shapes_than_the_config_are_named(
         monkeypatch.setattr(seqmoe.loader.AutoModelForCausalLM, "from_pretrained", None)
     assert_refused(capsys, folder, "weights of edited do not have the shapes its config.json gives", "in the checkpoint",
                    "from the config")
+
+
+# transformers stacks the experts it finds: a gap read as a tensor of another size (Qwen3-MoE's
+# experts.3.down_proj) or as a failed conversion (Mixtral's experts.3.w1), not as a missing weight.
+@pytest.mark.parametrize("family, key", [("qwen3_moe", "model.layers.1.mlp.experts.3.down_proj.weight"),
+                                         ("mixtral", "model.layers.1.block_sparse_moe.experts.3.w1.weight")])
+def test_a_missing_expert_weight_is_named_before_any_weight_is_read(
+    capsys: pytest.CaptureFixture[str], tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    family: str, key: str,
+) -> None:
+    folder = copy_model(tiny_models[family], tmp_path / "gap")
+    weights = load_file(str(folder / "model.safetensors"))
+    del weights[key]
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    monkeypatch.setattr(seqmoe.loader.AutoModelForCausalLM, "from_pretrained", None)
+    status, _, err = run_cli(capsys, "--model", str(folder))
+    assert status == 2 and err == f"seqmoe: error: the checkpoint of gap lacks {key}\n"
 
 
 def test_missing_shard_of_an_index(capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path) -> None:
