@@ -169,6 +169,8 @@ def load_engine(args: argparse.Namespace):
     from .loader import load_model
 
     loaded = load_model(args.model or str(demo_model_dir()), device=args.device, dtype=args.dtype)
+    if getattr(args, "chat", False):  # generate, trace, eval-predictor: refused before any work
+        loaded.check_chat_template(remedy="drop --chat to send the text as plain text")
     link_gbps = DEFAULT_LINK_GBPS if args.link_gbps is None else args.link_gbps
     return Engine(loaded, link_gbps=link_gbps, link_latency_us=args.link_latency_us, context_tokens=args.context)
 

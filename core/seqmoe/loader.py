@@ -79,10 +79,11 @@ class LoadedModel:
     def context_limit(self) -> int | None:
         return context_limit(self.config)
 
-    def check_chat_template(self) -> None:
-        """Refuse chat input, in one line, for a model whose tokenizer has no chat template."""
+    def check_chat_template(self, remedy: str = "use a plain prompt") -> None:
+        """Refuse chat input, in one line, for a model whose tokenizer has no chat template; ``remedy``
+        says what the caller's user can do instead."""
         if not self.tokenizer.chat_template:
-            raise SeqMoEError(f"{self.path.name} has no chat template; use a plain prompt")
+            raise SeqMoEError(f"{self.path.name} has no chat template; {remedy}")
 
     @property
     def resident_bytes(self) -> int:

@@ -63,7 +63,8 @@ def test_a_model_without_a_chat_template_asks_for_a_plain_prompt(engine: Engine)
         ids_with(engine, None, [turn("user", "Hi")])
 
 
-@pytest.mark.parametrize("command", [["trace", "--out", "{out}"], ["eval-predictor"]])
+@pytest.mark.parametrize("command", [["trace", "--out", "{out}", "--text", "{text}"], ["eval-predictor", "--text", "{text}"],
+                                     ["generate", "--prompt", "hi"]])
 def test_chat_text_for_a_model_without_a_chat_template_is_refused_in_one_line(
     mixtral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
 ) -> None:
@@ -71,7 +72,8 @@ def test_chat_text_for_a_model_without_a_chat_template_is_refused_in_one_line(
     text = tmp_path / "chat.txt"
     text.write_text(CHAT_TEXT)
     out = tmp_path / "traces"
-    command = [flag.format(out=out) for flag in command]
-    status = main([*command, "--model", str(model), "--device", "cpu", "--text", str(text), "--chat"])
-    assert status == 2 and capsys.readouterr().err == "seqmoe: error: plain has no chat template; use a plain prompt\n"
+    command = [flag.format(out=out, text=text) for flag in command]
+    status = main([*command, "--model", str(model), "--device", "cpu", "--chat"])
+    assert status == 2 and capsys.readouterr().err == (
+        "seqmoe: error: plain has no chat template; drop --chat to send the text as plain text\n")
     assert not out.exists()

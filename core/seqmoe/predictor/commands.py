@@ -63,8 +63,6 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_eval(engine: Engine, args: argparse.Namespace) -> int:
     loaded = engine.loaded
-    if args.chat:
-        loaded.check_chat_template()
     identity = model_identity(loaded)
     path = args.predictor or find_predictor(loaded)
     if path is None:
