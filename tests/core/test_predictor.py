@@ -173,6 +173,23 @@ def test_training_runs_however_few_steps_the_text_gives(traced: tuple[Path, Path
     assert predictor.config.report["validation_loss"] < predictor.config.report["initial_validation_loss"]
 
 
+def test_a_forecast_is_the_trained_network_for_one_token_at_every_layer(traced: tuple[Path, Path]) -> None:
+    _, out = traced
+    traces = read_traces(out)
+    predictor = train_predictor(traces, TrainingOptions(epochs=1, width=16, horizon=3), progress=False)
+    for layer in range(predictor.config.num_layers):
+        hidden, routed = traces.hidden[5, layer].float(), traces.experts[5, layer]  # int16, as the simulator passes them
+        with torch.no_grad():
+            logits = predictor(hidden.unsqueeze(0), torch.tensor([layer]), routed.long().unsqueeze(0))[0]
+        assert torch.allclose(predictor.predict(hidden, layer, routed), torch.sigmoid(logits), atol=1e-6)
+    with torch.no_grad():  # tables made from weights that change later must not be kept
+        predictor.head.bias.add_(1.0)
+    predictor.train(False)
+    with torch.no_grad():
+        logits = predictor(hidden.unsqueeze(0), torch.tensor([layer]), routed.long().unsqueeze(0))[0]
+    assert torch.allclose(predictor.predict(hidden, layer, routed), torch.sigmoid(logits), atol=1e-6)
+
+
 def test_the_engine_uses_the_predictor_file_it_was_last_given(traced: tuple[Path, Path], tmp_path: Path) -> None:
     model_dir, out = traced
     traces = read_traces(out)

@@ -77,7 +77,7 @@ class ExpertPredictor(nn.Module):
             if config.reuse_horizons
             else None
         )
-        self._tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._tables: _LayerTables | None = None
 
     def forward(self, hidden: torch.Tensor, layer: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
         """Logits ``[N, H, E]`` from hidden states ``[N, hidden]``, layer ids ``[N]`` and routed experts ``[N, k]``."""
@@ -108,27 +108,46 @@ class ExpertPredictor(nn.Module):
 
     def _predict(self, hidden: torch.Tensor, layer: int, routed: torch.Tensor) -> torch.Tensor:
         tables = self._tables
-        if tables is None or tables[0].device != hidden.device:
-            tables = self._tables = self._layer_tables(hidden.device)
-        layer_term, queries, bias = tables
-        state = F.linear(
-            F.layer_norm(hidden.reshape(-1).float(), self.input_norm.normalized_shape, self.input_norm.weight, self.input_norm.bias),
-            self.input_proj.weight,
-            self.input_proj.bias,
-        )
-        choice = self.expert_embedding.weight[routed.reshape(-1).long() + layer * self.config.num_experts].sum(dim=0)
-        context = F.linear(F.gelu(state + choice + layer_term[layer]), self.encoder_out.weight, self.encoder_out.bias)
-        decoded = F.gelu(context + queries[layer])
-        decoded = decoded + F.gelu(F.linear(decoded, self.decoder_hidden.weight, self.decoder_hidden.bias))
-        return torch.sigmoid(F.linear(decoded, self.head.weight, self.head.bias) + bias[layer])
+        if tables is None or tables.head.device != hidden.device:
+            tables = self._tables = _LayerTables.of(self, hidden.device)
+        norm = self.input_norm
+        normed = F.layer_norm(hidden.reshape(-1).float(), norm.normalized_shape, norm.weight, norm.bias)
+        encoded = torch.addmv(tables.entry[layer], self.input_proj.weight, normed)
+        encoded += tables.experts[layer].index_select(0, routed.reshape(-1).long()).sum(dim=0)
+        context = torch.mv(self.encoder_out.weight, F.gelu(encoded))
+        decoded = F.gelu(tables.queries[layer] + context)
+        decoded += F.gelu(F.linear(decoded, self.decoder_hidden.weight, self.decoder_hidden.bias))
+        return torch.addmm(tables.out_bias[layer], decoded, tables.head).sigmoid_()
 
-    def _layer_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per source layer: its embedding plus the input bias, its H queries, its targets' output biases."""
-        cfg = self.config
+
+@dataclass(frozen=True)
+class _LayerTables:
+    """What ``ExpertPredictor.predict`` looks up by source layer, one tensor a layer in Python lists
+    (indexing a list is no tensor operation), with every bias that follows a layer folded in: one
+    forecast is a dozen small operations, each costing more host time than its arithmetic."""
+
+    entry: list[torch.Tensor]
+    """``[W]``: the layer's embedding plus the input projection's bias."""
+    experts: list[torch.Tensor]
+    """``[E, W]``: the layer's expert embeddings."""
+    queries: list[torch.Tensor]
+    """``[H, W]``: the layer's H queries plus the encoder output's bias."""
+    out_bias: list[torch.Tensor]
+    """``[H, E]``: the targets' output biases plus the head's bias."""
+    head: torch.Tensor
+    """``[W, E]``: the head's weight, transposed for ``addmm``."""
+
+    @classmethod
+    @torch.no_grad()
+    def of(cls, predictor: ExpertPredictor, device: torch.device) -> _LayerTables:
+        cfg, p = predictor.config, predictor
         layers = torch.arange(cfg.num_layers, device=device)
-        targets = (layers.unsqueeze(1) + self.horizons.to(device)) % cfg.num_layers
-        queries = self.query_embedding.weight.view(cfg.num_layers, cfg.horizon, -1)
-        return self.layer_embedding.weight.detach(), queries.detach(), self.target_bias(targets).detach()
+        targets = (layers.unsqueeze(1) + p.horizons.to(device)) % cfg.num_layers
+        entry = p.layer_embedding.weight + p.input_proj.bias
+        experts = p.expert_embedding.weight.view(cfg.num_layers, cfg.num_experts, -1)
+        queries = p.query_embedding.weight.view(cfg.num_layers, cfg.horizon, -1) + p.encoder_out.bias
+        out_bias = p.target_bias(targets) + p.head.bias
+        return cls(list(entry), list(experts), list(queries), list(out_bias), p.head.weight.t().contiguous())
 
 
 def save_predictor(predictor: ExpertPredictor, path: Path) -> None:
