@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from functools import lru_cache
 
 from pygments.lexers import TextLexer, get_lexer_by_name
@@ -53,23 +54,67 @@ def _colour_run(cursor: QTextCursor, first: QTextBlock, last: QTextBlock, code: 
     base.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
     cursor.mergeCharFormat(base)
     # Positions in ``code`` equal document positions from ``start``: one separator per line break.
-    for index, length, char_format in _coloured_spans(code, language, style):
+    for index, length, char_format in _SPANS.get(code, language, style):
         cursor.setPosition(start + index)
         cursor.setPosition(start + index + length, QTextCursor.MoveMode.KeepAnchor)
         cursor.mergeCharFormat(char_format)
 
 
-@lru_cache(maxsize=512)
-def _coloured_spans(code: str, language: str, style: str) -> tuple[tuple[int, int, QTextCharFormat], ...]:
-    """(index, length, format) of the coloured tokens of ``code``. Lexing took most of the time
-    of showing a chat (6.8 s of 11.6 s for 2000 messages), and a streaming reply is shown anew
-    at every step with its finished blocks unchanged: each block is lexed once."""
+Spans = tuple[tuple[int, int, QTextCharFormat], ...]
+SPAN_CACHE_CHARS = 1_000_000
+"""Characters of code whose colours are kept (about 25 bytes of spans a character): the blocks of
+many chats. Bounded by size, not by count: a streaming reply's code block is a new string at every
+redraw, and 512 versions of one 66 KB block held 289 MiB."""
+
+
+class _SpanCache:
+    """The coloured spans of recent code blocks, least recently used dropped first. Lexing took most
+    of the time of showing a chat (6.8 s of 11.6 s for 2000 messages), and a streaming reply is
+    shown anew at every step with its finished blocks unchanged: each block is lexed once. A block
+    that extends the one cached last (the same block, streaming) takes its place."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._spans: OrderedDict[tuple[str, str, str], Spans] = OrderedDict()
+        self._chars = 0
+
+    @property
+    def chars(self) -> int:
+        return self._chars
+
+    def get(self, code: str, language: str, style: str) -> Spans:
+        key = (code, language, style)
+        spans = self._spans.get(key)
+        if spans is not None:
+            self._spans.move_to_end(key)
+            return spans
+        spans = _lexed(code, language, style)
+        if self._spans:
+            last = next(reversed(self._spans))
+            if last[1:] == key[1:] and code.startswith(last[0]):
+                self._drop(last)
+        self._spans[key] = spans
+        self._chars += len(code)
+        while self._chars > self.budget and len(self._spans) > 1:
+            self._drop(next(iter(self._spans)))
+        return spans
+
+    def _drop(self, key: tuple[str, str, str]) -> None:
+        del self._spans[key]
+        self._chars -= len(key[0])
+
+
+def _lexed(code: str, language: str, style: str) -> Spans:
+    """(index, length, format) of the coloured tokens of ``code``."""
     spans = []
     for index, token, value in _lexer(language).get_tokens_unprocessed(code):
         char_format = _token_format(style, token)
         if char_format is not None:
             spans.append((index, len(value), char_format))
     return tuple(spans)
+
+
+_SPANS = _SpanCache(SPAN_CACHE_CHARS)
 
 
 @lru_cache(maxsize=64)
