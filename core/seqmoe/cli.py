@@ -311,8 +311,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
 def predictor_note(engine: Engine) -> str:
     """Which forecaster the ``seqmoe`` policy runs with: a trained predictor, or the router fallback."""
-    if engine.predictor() is not None:
-        return f"seqmoe forecasts with the predictor {engine.predictor_path}"
+    path = predictor_file(engine)
+    if path is not None:
+        return f"seqmoe forecasts with the predictor {path}"
     return (f"seqmoe has no calibrated predictor for {engine.loaded.path.name} and forecasts one layer ahead with "
             f"the next layer's router; `seqmoe calibrate --model {engine.loaded.path}` trains one")
 

@@ -170,15 +170,15 @@ def load_predictor(path: Path, identity: dict[str, object] | None = None, device
         config = PredictorConfig(**json.loads(config_file.read_text()))
     except (TypeError, ValueError) as error:
         raise SeqMoEError(f"{config_file.name} is not a predictor config of this seqmoe version: {error}") from None
-    if identity is not None and same_model(config.model, identity, routers=False) and not same_model(config.model, identity):
-        raise SeqMoEError(f"predictor {path.name} was trained for other weights of {identity.get('name')} (its routers "
-                          "differ: the model was changed since); calibrate one for it with `seqmoe calibrate`")
-    if identity is not None and not same_model(config.model, identity):
+    if identity is not None and not same_model(config.model, identity, routers=False):
         raise SeqMoEError(
             f"predictor {path.name} was trained for {config.model.get('name')} "
             f"({config.model.get('architecture')}), not for {identity.get('name')} ({identity.get('architecture')}); "
             "calibrate one for this model with `seqmoe calibrate`"
         )
+    if identity is not None and not same_model(config.model, identity):
+        raise SeqMoEError(f"predictor {path.name} was trained for other weights of {identity.get('name')} (its routers "
+                          "differ: the model was changed since); calibrate one for it with `seqmoe calibrate`")
     predictor = ExpertPredictor(config)
     try:
         weights = load_file(str(path))
