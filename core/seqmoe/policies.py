@@ -401,7 +401,7 @@ class SeqMoEPolicy(BeladyPolicy):
         stride: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
         horizon: int | None = None,
-        reuse: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor] | None = None,
+        reuse: Callable[[torch.Tensor, np.ndarray, np.ndarray, float], np.ndarray] | None = None,
     ) -> None:
         super().__init__(num_layers, prior)
         self.predict = predict
@@ -517,7 +517,7 @@ class SeqMoEPolicy(BeladyPolicy):
 
     def _forecast_reuse(self, hidden: torch.Tensor) -> None:
         start = self.clock()
-        self.reuse_values = self.reuse(hidden.reshape(-1), *self.usage.features(), LATER_DISCOUNT).double().numpy()
+        self.reuse_values = self.reuse(hidden.reshape(-1), self.usage.rate, self.usage.age, LATER_DISCOUNT)
         self._reuse_at, self._reuse_for, self._tokens_since_reuse = self._clock, self.reuse_stride, 0
         self._tables = None
         seconds = self.clock() - start

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 
@@ -130,7 +131,7 @@ def test_the_eviction_order_is_the_victim_rule_applied_again_and_again(seed: int
 def test_a_distance_asked_before_news_is_asked_again_after_it() -> None:
     """Eviction keeps the distances a re-plan asks for; a forecast, a reuse forecast or a use since
     then moves them."""
-    soon = torch.full((LAYERS, EXPERTS), LATER_DISCOUNT)
+    soon = np.full((LAYERS, EXPERTS), LATER_DISCOUNT)
     policy = SeqMoEPolicy(lambda h, l, r: torch.zeros(1, EXPERTS), LAYERS, torch.full((LAYERS, EXPERTS), 0.25),
                           stride=1, reuse=lambda hidden, rate, age, discount: soon)
     policy.observe(0, [0])
@@ -519,9 +520,9 @@ def test_the_reuse_forecast_takes_its_share_of_the_budget_first() -> None:
         clock.now += 0.5  # alone: stride ceil(0.5 / (0.05 * 10)) = 1
         return torch.full((3, EXPERTS), 0.5)
 
-    def reuse(hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor, discount: float) -> torch.Tensor:
+    def reuse(hidden: torch.Tensor, rate: np.ndarray, age: np.ndarray, discount: float) -> np.ndarray:
         clock.now += 1.0  # once a token: 0.25 per layer of the 0.5 a layer may spend
-        return torch.full((LAYERS, EXPERTS), discount)
+        return np.full((LAYERS, EXPERTS), discount)
 
     policy = SeqMoEPolicy(predict, LAYERS, torch.full((LAYERS, EXPERTS), 0.3), clock=clock, reuse=reuse)
     for step in range(24):
@@ -533,8 +534,8 @@ def test_the_reuse_forecast_takes_its_share_of_the_budget_first() -> None:
 
 
 def test_an_expert_used_since_the_reuse_forecast_is_ranked_by_its_rate() -> None:
-    def reuse(hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor, discount: float) -> torch.Tensor:
-        return torch.full((LAYERS, EXPERTS), 1e-3)  # "not back soon", for every expert
+    def reuse(hidden: torch.Tensor, rate: np.ndarray, age: np.ndarray, discount: float) -> np.ndarray:
+        return np.full((LAYERS, EXPERTS), 1e-3)  # "not back soon", for every expert
 
     policy = SeqMoEPolicy(_first_reply_predictor(3), LAYERS, torch.full((LAYERS, EXPERTS), 0.3), stride=1, reuse=reuse)
     for layer in range(LAYERS):  # one token; its last layer makes the reuse forecast
@@ -551,10 +552,10 @@ def test_a_reuse_forecast_dearer_than_half_the_budget_runs_every_few_tokens() ->
     clock = _Clock()
     calls = []
 
-    def reuse(hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor, discount: float) -> torch.Tensor:
+    def reuse(hidden: torch.Tensor, rate: np.ndarray, age: np.ndarray, discount: float) -> np.ndarray:
         clock.now += 3.0  # half the budget of a token is 0.05 * 10 * 4 / 2 = 1
         calls.append(policy._clock)
-        return torch.full((LAYERS, EXPERTS), 0.25)
+        return np.full((LAYERS, EXPERTS), 0.25)
 
     policy = SeqMoEPolicy(lambda h, l, r: torch.full((3, EXPERTS), 0.5), LAYERS, torch.full((LAYERS, EXPERTS), 0.3),
                           clock=clock, reuse=reuse)

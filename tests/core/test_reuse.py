@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from torch.nn import functional as F
 
 from seqmoe.policies import DISCOUNT_TOKENS, LATER_DISCOUNT, SeqMoEPolicy
 from seqmoe.predictor.model import ExpertPredictor, PredictorConfig, load_predictor, save_predictor
@@ -30,18 +32,42 @@ def traces_of(experts: torch.Tensor, decode: torch.Tensor, document: torch.Tenso
 
 def test_an_untrained_head_values_later_uses_as_the_rate_rule_does() -> None:
     head = ReuseHead(8, 2, 4, HORIZONS)
-    rate = torch.tensor([[0.5, 0.2, 0.05, 0.01], [0.9, 0.3, 0.1, 0.002]])
+    rate = np.array([[0.5, 0.2, 0.05, 0.01], [0.9, 0.3, 0.1, 0.002]])
     g = LATER_DISCOUNT
-    later = head.later_values(torch.randn(8), rate, torch.zeros(2, 4), g)
+    later = head.later_values(torch.randn(8), rate, np.zeros((2, 4)), g)
     # A geometric wait of mean 1 / rate; the rate is floored at 1e-3.
-    rate = rate.clamp(min=1e-3)
+    rate = rate.clip(min=1e-3)
     assert later == pytest.approx(rate * g / (1 - (1 - rate) * g), rel=1e-3)
 
 
+def test_the_reuse_forecast_of_one_token_is_the_heads_network() -> None:
+    torch.manual_seed(0)
+    head = ReuseHead(8, 2, 4, HORIZONS, width=16)
+    with torch.no_grad():  # every weight away from its start, the norm's scale and shift and the zeroed output too
+        for parameter in head.parameters():
+            parameter.normal_(0.0, 0.5)
+    head.eval()
+    rate = np.array([[0.5, 0.2, 0.05, 0.0001], [0.9, 0.3, 0.1, 0.002]])
+    age = np.array([[0.0, 1.0, 7.0, AGE_CAP], [0.0, 3.0, 12.0, 40.0]])
+    hidden = torch.randn(8)
+
+    def by_network() -> np.ndarray:
+        with torch.no_grad():
+            logits = head(hidden.unsqueeze(0), torch.from_numpy(rate).float().view(1, -1), torch.from_numpy(age).float().view(1, -1))[0]
+        return later_value(-F.softplus(logits).double().numpy(), np.array(HORIZONS, dtype=np.float64), LATER_DISCOUNT).reshape(2, 4)
+
+    assert head.later_values(hidden, rate, age, LATER_DISCOUNT) == pytest.approx(by_network(), rel=1e-5)
+    with torch.no_grad():  # weights folded before they changed must not be kept
+        head.input_norm.bias.add_(1.0)
+        head.out.bias.add_(1.0)
+    head.train(False)
+    assert head.later_values(hidden, rate, age, LATER_DISCOUNT) == pytest.approx(by_network(), rel=1e-5)
+
+
 def test_later_value_is_the_discounted_sum_over_the_interpolated_survival() -> None:
-    horizons = torch.tensor(HORIZONS, dtype=torch.float64)
+    horizons = np.array(HORIZONS, dtype=np.float64)
     g = 0.6
-    survival = torch.tensor([0.9, 0.5, 0.2, 0.05, 0.01], dtype=torch.float64)
+    survival = np.array([0.9, 0.5, 0.2, 0.05, 0.01])
     # S(n) run by run: geometric between the horizons, then at the mean rate from the first to the last.
     runs = {1: 0.9}
     for (a, sa), (b, sb) in zip(zip(HORIZONS, survival), zip(HORIZONS[1:], survival[1:])):
@@ -52,19 +78,19 @@ def test_later_value_is_the_discounted_sum_over_the_interpolated_survival() -> N
         runs[n] = runs[n - 1] * mean
     # First use at run m + 1 (m further runs after the first) with probability (S(m) - S(m + 1)) / S(1).
     expected = sum(g**m * (runs[m] - runs[m + 1]) / runs[1] for m in range(1, 399))
-    assert float(later_value(survival.log(), horizons, g)) == pytest.approx(expected, rel=1e-9)
+    assert float(later_value(np.log(survival), horizons, g)) == pytest.approx(expected, rel=1e-9)
 
 
 def test_an_expert_back_soon_or_never_is_worth_more_than_one_with_its_mean_wait_spread_evenly() -> None:
-    horizons = torch.tensor(HORIZONS, dtype=torch.float32)
+    horizons = np.array(HORIZONS, dtype=np.float64)
     # Both are unlikely in the next run. The first is back at the second run in half the futures
     # and otherwise not soon; the second comes back at an even rate. Both wait 19 further runs on
     # average (the first's survival continued past 16 runs at its mean rate).
-    soon_or_never = torch.tensor([0.9, 0.45, 0.45, 0.45, 0.45])
-    even = (1 - torch.tensor(1 / 19)) ** horizons
-    values = later_value(torch.stack([soon_or_never, even]).log(), horizons, LATER_DISCOUNT)
+    soon_or_never = np.array([0.9, 0.45, 0.45, 0.45, 0.45])
+    even = (1 - 1 / 19) ** horizons
+    values = later_value(np.log(np.stack([soon_or_never, even])), horizons, LATER_DISCOUNT)
     assert values[0] > 3 * values[1]
-    assert later_value(torch.ones(1, 5).log(), horizons, LATER_DISCOUNT) == pytest.approx(0.0, abs=1e-6)  # never back
+    assert later_value(np.zeros((1, 5)), horizons, LATER_DISCOUNT) == pytest.approx(0.0, abs=1e-6)  # never back
 
 
 def test_samples_label_the_next_uses_after_each_decode_token() -> None:
@@ -138,7 +164,7 @@ def test_the_head_learns_what_the_hidden_state_announces() -> None:
     assert unseen["reuse_loss"] < 0.8 * unseen["rate_rule_loss"]
     # Topic B announced: B's experts come back sooner than A's, though A was used last.
     announce_b = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    rate, age = torch.tensor([[0.4, 0.4, 0.1, 0.1]]), torch.tensor([[0.0, 1.0, 6.0, 5.0]])
+    rate, age = np.array([[0.4, 0.4, 0.1, 0.1]]), np.array([[0.0, 1.0, 6.0, 5.0]])
     later = head.later_values(announce_b, rate, age, LATER_DISCOUNT)[0]
     assert min(later[2], later[3]) > max(later[0], later[1])
 
@@ -150,7 +176,7 @@ def policy_with_reuse(values: list[list[float]]) -> SeqMoEPolicy:
         layers,
         torch.full((layers, experts), 0.2),
         stride=1,
-        reuse=lambda hidden, rate, age, discount: torch.tensor(values),
+        reuse=lambda hidden, rate, age, discount: np.array(values),
     )
 
 
@@ -182,9 +208,9 @@ def test_a_predictor_without_a_reuse_head_loads_and_evicts_by_the_rate(tmp_path)
     )
     save_predictor(with_head, path)
     loaded = load_predictor(path)
-    rate = torch.full((2, 4), 0.25)
+    rate = np.full((2, 4), 0.25)
     values = [head.later_values(torch.ones(8), rate, rate, LATER_DISCOUNT) for head in (loaded.reuse, with_head.reuse)]
-    assert torch.equal(*values)
+    assert np.array_equal(*values)
 
 
 def test_training_keeps_the_head_only_when_it_beats_the_rate_rule() -> None:

@@ -47,6 +47,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -78,27 +79,73 @@ class ReuseHead(nn.Module):
         self.out = nn.Linear(width, len(horizons))
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
+        self.horizon_runs = np.array(horizons, dtype=np.float64)
+        self._folded: _FoldedHead | None = None
 
     def forward(self, hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor) -> torch.Tensor:
         """Logits ``[N, L * E, K]`` from hidden states ``[N, hidden]`` and histories ``[N, L * E]``."""
         rate = rate.clamp(1e-3, 1 - 1e-3)
-        # Scaled to about the unit range of the other inputs; "just used" apart, as age 0 is a cliff.
-        history = torch.stack([4 * rate, rate.log() / 7, age / AGE_CAP, (age == 0).float()], dim=-1)
         context = self.context(self.input_norm(hidden.float())).unsqueeze(1)
-        state = F.gelu(context + self.expert_embedding.weight + self.history(history))
+        state = F.gelu(context + self.expert_embedding.weight + self.history(_history(rate, age)))
         state = state + F.gelu(self.hidden_layer(state))
         return rate_rule_logits(rate, self.horizons) + self.out(state)
 
+    def train(self, mode: bool = True) -> "ReuseHead":
+        self._folded = None
+        return super().train(mode)
+
     @torch.inference_mode()
-    def later_values(self, hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor, discount: float) -> torch.Tensor:
+    def later_values(self, hidden: torch.Tensor, rate: np.ndarray, age: np.ndarray, discount: float) -> np.ndarray:
         """``[L, E]`` what each expert's uses after the next run of its layer are worth now,
         ``E[discount ** N]`` (``N`` the further runs until its next use), given that run does not
-        use it; for one token, with histories ``[L, E]`` as ``UsageHistory`` gives."""
+        use it; for one token, with histories ``[L, E]`` as ``UsageHistory`` holds them.
+
+        The same function as ``forward`` for one token, in a dozen tensor operations with the
+        biases and the input norm's scale folded into the weights (``_FoldedHead``): it runs after
+        every decode token, and each operation costs more host time than its arithmetic.
+        """
         device = self.horizons.device
+        folded = self._folded
+        if folded is None or folded.out.device != device:
+            folded = self._folded = _FoldedHead.of(self)
         with one_cpu_thread(device):
-            flat = (rate.reshape(1, -1).to(device), age.reshape(1, -1).to(device))
-            logits = self(hidden.reshape(1, -1).to(device), *flat)[0]
-            return later_value(-F.softplus(logits), self.horizons, discount).reshape(self.shape).cpu()
+            rate_now = torch.from_numpy(rate).to(device, torch.float32).view(-1).clamp_(1e-3, 1 - 1e-3)
+            age_now = torch.from_numpy(age).to(device, torch.float32).view(-1)
+            normed = F.layer_norm(hidden.reshape(-1).to(device, torch.float32), self.input_norm.normalized_shape, eps=self.input_norm.eps)
+            state = F.gelu(torch.addmm(folded.expert_base + torch.mv(folded.context, normed), _history(rate_now, age_now), folded.history))
+            state += F.gelu(F.linear(state, self.hidden_layer.weight, self.hidden_layer.bias))
+            logits = torch.addmm(rate_rule_logits(rate_now, self.horizons).add_(self.out.bias), state, folded.out)
+            log_survival = -np.logaddexp(0.0, logits.double().cpu().numpy())
+        return later_value(log_survival, self.horizon_runs, discount).reshape(self.shape)
+
+
+def _history(rate: torch.Tensor, age: torch.Tensor) -> torch.Tensor:
+    """``[..., HISTORY_FEATURES]`` from clamped rates and ages: scaled to about the unit range of
+    the other inputs; "just used" apart, as age 0 is a cliff."""
+    return torch.stack([4 * rate, rate.log() / 7, age / AGE_CAP, (age == 0).float()], dim=-1)
+
+
+@dataclass(frozen=True)
+class _FoldedHead:
+    """``ReuseHead``'s weights for one token at a time: the input norm's scale and shift and the
+    context's bias folded into ``context`` and ``expert_base``, the weights transposed for ``addmm``."""
+
+    context: torch.Tensor
+    """``[W, hidden]``: the context layer's weight times the input norm's scale."""
+    expert_base: torch.Tensor
+    """``[L * E, W]``: each expert's embedding plus the history layer's and the context's biases."""
+    history: torch.Tensor
+    """``[HISTORY_FEATURES, W]``"""
+    out: torch.Tensor
+    """``[W, K]``"""
+
+    @classmethod
+    @torch.no_grad()
+    def of(cls, head: ReuseHead) -> _FoldedHead:
+        norm, context = head.input_norm, head.context
+        context_bias = context.bias + context.weight @ norm.bias
+        expert_base = head.expert_embedding.weight + head.history.bias + context_bias
+        return cls(context.weight * norm.weight, expert_base, head.history.weight.t().contiguous(), head.out.weight.t().contiguous())
 
 
 def rate_rule_logits(rate: torch.Tensor, horizons: torch.Tensor) -> torch.Tensor:
@@ -108,31 +155,31 @@ def rate_rule_logits(rate: torch.Tensor, horizons: torch.Tensor) -> torch.Tensor
     return torch.log(-torch.expm1(log_survival)) - log_survival
 
 
-def later_value(log_survival: torch.Tensor, horizons: torch.Tensor, discount: float) -> torch.Tensor:
-    """``E[discount ** N]`` from ``log S`` at ``horizons`` (last dimension, the first horizon 1),
+def later_value(log_survival: np.ndarray, horizons: np.ndarray, discount: float) -> np.ndarray:
+    """``E[discount ** N]`` from ``log S`` at ``horizons`` (last axis, the first horizon 1),
     ``N >= 1`` the runs after the first until the next use, given the first does not use it.
 
     By parts, ``E = g - (1 - g) sum_{m>=2} g ** (m - 1) S(m) / S(1)`` with ``g = discount``.
     """
-    log_survival = log_survival.cummin(dim=-1).values
-    relative = torch.exp(log_survival - log_survival[..., :1])  # S(N) / S(1)
+    log_survival = np.minimum.accumulate(log_survival, axis=-1)
+    relative = np.exp(log_survival - log_survival[..., :1])  # S(N) / S(1)
     widths = horizons[1:] - horizons[:-1]
-    ratio = torch.exp((log_survival[..., 1:] - log_survival[..., :-1]) / widths)  # per run, within each interval
+    ratio = np.exp((log_survival[..., 1:] - log_survival[..., :-1]) / widths)  # per run, within each interval
     # Run m = N_i + j of the interval after horizon N_i: S(m) / S(1) = relative_i ratio_i ** j.
-    total = (relative[..., :-1] * discount ** (horizons[:-1] - 1) * _geometric_sum(discount * ratio, widths)).sum(dim=-1)
+    total = (relative[..., :-1] * discount ** (horizons[:-1] - 1) * _geometric_sum(discount * ratio, widths)).sum(axis=-1)
     # Past the last horizon, at the mean per-run survival from the first horizon to the last: the
     # last interval alone is noisy.
-    mean = torch.exp(log_survival[..., -1] - log_survival[..., 0]) ** (1 / (horizons[-1] - horizons[0]))
+    mean = np.exp(log_survival[..., -1] - log_survival[..., 0]) ** (1 / (horizons[-1] - horizons[0]))
     tail = discount * mean
     total = total + relative[..., -1] * discount ** (horizons[-1] - 1) * tail / (1 - tail)
     return discount - (1 - discount) * total
 
 
-def _geometric_sum(ratio: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+def _geometric_sum(ratio: np.ndarray, count: np.ndarray) -> np.ndarray:
     """``sum_{m=1}^{count} ratio ** m``, also where ``ratio`` is 1."""
-    flat = (ratio - 1).abs() < 1e-6
-    safe = torch.where(flat, torch.zeros_like(ratio), ratio)
-    return torch.where(flat, count.expand_as(ratio), safe * (1 - safe**count) / (1 - safe))
+    flat = np.abs(ratio - 1) < 1e-6
+    safe = np.where(flat, 0.0, ratio)
+    return np.where(flat, np.broadcast_to(count, ratio.shape), safe * (1 - safe**count) / (1 - safe))
 
 
 @dataclass
