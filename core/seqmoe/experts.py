@@ -14,6 +14,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from functools import partial
 
 import torch
 from torch import nn
@@ -21,6 +22,7 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
 from .cache import ExpertCache
 from .events import ExpertsForecast
+from .policies import Forecast
 from .threads import one_cpu_thread
 
 IMPLEMENTATION = "seqmoe"
@@ -81,10 +83,13 @@ class OffloadedLayer:
 
     Between routing and computing, the policy's forecast for the next layers is turned
     into prefetches (decode) or the next layer's experts are streamed in (prefill), so the
-    copies overlap this layer's compute. This look-ahead runs once the layer's own misses are
-    on their way and before the layer waits for them: on the CPU's emulated link that wait
-    blocks the host, and on CUDA the predictor's kernels then run ahead of the compute
-    stream's wait for the copies instead of behind it.
+    copies overlap this layer's compute. The forecast runs once the layer's own misses are on
+    their way and before the layer waits for them: on the CPU's emulated link that wait blocks
+    the host, and on CUDA the predictor's kernels then run ahead of the compute stream's wait
+    for the copies instead of behind it. Where the plan of copies runs depends on the link
+    (``Copier.blocks_host``): on the emulated link inside the same wait, so that the copies are
+    queued before the layer computes; on CUDA, where nothing blocks the host, after the layer's
+    kernels are launched, so that the host plans while the GPU computes.
     """
 
     def __init__(self, layer: int, num_layers: int, cache: ExpertCache, base: ExpertsFn) -> None:
@@ -95,30 +100,43 @@ class OffloadedLayer:
         self.decoding = False
         """Set by ``decode_phase``: a prompt of one token is prefill all the same."""
 
-    def _look_ahead(self, hidden: torch.Tensor, index: torch.Tensor, prefill: bool) -> None:
+    def _forecast(self, hidden: torch.Tensor, index: torch.Tensor, prefill: bool) -> Callable[[], None]:
+        """Forecast from this layer's routing; returns the plan of copies it leads to, to run next."""
         policy = self.cache.policy
         if prefill:
             policy.look_past_prompt(self.layer, hidden[-1], index[-1])
             if policy.streams_prefill and self.layer + 1 < self.num_layers:
-                self.cache.stream(self.layer + 1, policy.stream_order(self.layer + 1))
-            return
+                return partial(self.cache.stream, self.layer + 1, policy.stream_order(self.layer + 1))
+            return _nothing
         forecasts = policy.forecast(self.layer, hidden[-1], index[-1])
-        if forecasts:
-            self.cache.plan(forecasts)
-            events = self.cache.events
-            if events.active:
-                events.emit(ExpertsForecast(self.layer, tuple((f.key, f.probability) for f in forecasts)))
+        return partial(self._plan, forecasts) if forecasts else _nothing
+
+    def _plan(self, forecasts: Sequence[Forecast]) -> None:
+        self.cache.plan(forecasts)
+        events = self.cache.events
+        if events.active:
+            events.emit(ExpertsForecast(self.layer, tuple((f.key, f.probability) for f in forecasts)))
 
     def forward(self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         # One device-to-host sync per layer: the router's choice decides what to copy.
         needed = torch.unique(index).tolist()
         prefill = not self.decoding
         if len(needed) <= self.cache.size:
-            slots = self.cache.acquire(self.layer, needed, prefill, lambda: self._look_ahead(hidden, index, prefill))
+            plans: list[Callable[[], None]] = []
+
+            def look_ahead() -> None:
+                plans.append(self._forecast(hidden, index, prefill))
+                if self.cache.copier.blocks_host:
+                    plans.pop()()
+
+            slots = self.cache.acquire(self.layer, needed, prefill, look_ahead)
             try:
                 tensors, first = self.cache.pool.span(slots)
                 lookup = _slot_lookup(needed, [slot - first for slot in slots], index)
-                return self.base(SlotView(module, tensors), hidden, lookup[index], weights)
+                out = self.base(SlotView(module, tensors), hidden, lookup[index], weights)
+                for plan in plans:
+                    plan()
+                return out
             finally:
                 self.cache.release(slots)
         view = SlotView(module, self.cache.pool.tensors)
@@ -156,6 +174,10 @@ class OffloadedLayer:
                 self.cache.release(slots)
         weighted = pair_out.view(num_tokens, top_k, -1) * weights.unsqueeze(-1)
         return weighted.sum(dim=1).to(hidden.dtype)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _slot_lookup(experts: list[int], slots: list[int], like: torch.Tensor) -> torch.Tensor:

@@ -94,6 +94,9 @@ class Copier(Protocol):
 
     link: str
     bytes_copied: int
+    blocks_host: bool
+    """Whether ``wait`` blocks the calling thread until the copy lands (the emulated link), so
+    that host work done before it overlaps the copy; on CUDA only the compute stream waits."""
 
     def submit(self, job: CopyJob, urgent: bool = False) -> None: ...
 
@@ -139,6 +142,8 @@ class ModelledLane:
     has passed is done, and its bytes move then, so a slot holds its expert once its copy is
     done. A subclass gives the clock and how compute waits until a time.
     """
+
+    blocks_host = True
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
@@ -301,6 +306,7 @@ class CudaCopier:
     """
 
     link = "cuda"
+    blocks_host = False
 
     def __init__(self, device: torch.device, max_in_flight: int = 2) -> None:
         self.device = device

@@ -20,6 +20,7 @@ from seqmoe.cache import ExpertCache
 from seqmoe import transfer
 from seqmoe.compression import RawExpert
 from seqmoe.errors import SeqMoEError
+from seqmoe.experts import OffloadedLayer
 from seqmoe.events import EventBus, Stall
 from seqmoe.policies import BeladyPolicy
 from seqmoe.store import HostStore
@@ -110,6 +111,33 @@ def test_offloaded_generation_through_the_cuda_copier_matches_full(
         assert sum(stream.issued for stream in gpu.side_streams) > 0  # the copies went over the fake copy stream
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_a_layer_plans_its_copies_in_the_wait_on_the_emulated_link_and_after_launching_its_experts_on_cuda(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, cuda: bool
+) -> None:
+    """The emulated link's wait blocks the host, which plans in it, so the copies are queued before
+    the layer computes; on CUDA nothing blocks the host, which plans while the GPU computes."""
+    engine = Engine(load_model(str(tiny_models["qwen3_moe"]), device="cpu"))
+    if cuda:
+        FakeGPU(monkeypatch, seconds_per_copy=2e-4)
+        monkeypatch.setattr(Engine, "_make_copier", lambda self: CudaCopier(self.device))
+    order: list[tuple[str, int]] = []
+    plan = OffloadedLayer._plan
+    monkeypatch.setattr(OffloadedLayer, "_plan", lambda self, forecasts: (order.append(("plan", self.layer)), plan(self, forecasts)))
+    try:
+        engine.configure("gate", cache_ratio=0.5)  # forecasts at every decode layer
+        for module in engine.loaded.experts:
+            runtime = module.__dict__["_seqmoe_runtime"]
+            runtime.base = partial(lambda base, layer, *args: (order.append(("compute", layer)), base(*args))[1], runtime.base, runtime.layer)
+        engine.generate(PROMPT, Sampling(max_new_tokens=NEW_TOKENS))
+    finally:
+        engine.close()
+    planned = [at for at, (what, _) in enumerate(order) if what == "plan"]
+    assert len(planned) >= NEW_TOKENS - 1
+    neighbour = -1 if cuda else 1
+    assert all(order[at + neighbour] == ("compute", order[at][1]) for at in planned)
 
 
 def test_a_cache_filled_before_the_first_prompt_leaves_its_first_layer_no_stall(monkeypatch: pytest.MonkeyPatch) -> None:
