@@ -80,6 +80,7 @@ class ReuseHead(nn.Module):
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
         self.horizon_runs = np.array(horizons, dtype=np.float64)
+        """``horizons`` again, for ``later_value``'s arithmetic in NumPy after the forward pass."""
         self._folded: _FoldedHead | None = None
 
     def forward(self, hidden: torch.Tensor, rate: torch.Tensor, age: torch.Tensor) -> torch.Tensor:
