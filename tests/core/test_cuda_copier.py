@@ -20,8 +20,8 @@ from seqmoe.cache import ExpertCache
 from seqmoe import transfer
 from seqmoe.compression import RawExpert
 from seqmoe.errors import SeqMoEError
-from seqmoe.experts import OffloadedLayer
 from seqmoe.events import EventBus, Stall
+from seqmoe.experts import _RUNTIME_ATTR, OffloadedLayer
 from seqmoe.policies import BeladyPolicy
 from seqmoe.store import HostStore
 from seqmoe.transfer import CopyJob, CudaCopier, JobState
@@ -129,7 +129,7 @@ def test_a_layer_plans_its_copies_in_the_wait_on_the_emulated_link_and_after_lau
     try:
         engine.configure("gate", cache_ratio=0.5)  # forecasts at every decode layer
         for module in engine.loaded.experts:
-            runtime = module.__dict__["_seqmoe_runtime"]
+            runtime = module.__dict__[_RUNTIME_ATTR]
             runtime.base = partial(lambda base, layer, *args: (order.append(("compute", layer)), base(*args))[1], runtime.base, runtime.layer)
         engine.generate(PROMPT, Sampling(max_new_tokens=NEW_TOKENS))
     finally:
