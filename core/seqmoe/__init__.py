@@ -13,10 +13,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # On the CPU, bfloat16 matrix products go through oneDNN, which with ideep keeps a compiled kernel
 # per shape, up to 1024 of each (about 0.27 MiB apiece). A chat gives new shapes at almost every
 # reply (the part of the prompt not in the kept context, each expert's share of its rows), so the
-# app's memory grew 1.2 MiB a reply until it settled about 500 MiB higher. 64 of each hold every
-# decode shape; the same 100 replies took 146 s capped against 159 s not. Read at the first product.
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
-os.environ.setdefault("LRU_CACHE_CAPACITY", "64")
+# app's memory grew 1.2 MiB a reply until it settled about 500 MiB higher; capped at 128, about
+# 80 MiB. At 64 the bench's `full` decoded 9% slower, likely as a prefill's new shapes pushed out
+# the decode steps' (see the README). Read at the first matrix product.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "128")
+os.environ.setdefault("LRU_CACHE_CAPACITY", "128")
 
 import importlib
 from typing import TYPE_CHECKING
