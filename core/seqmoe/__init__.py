@@ -14,7 +14,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # per shape, up to 1024 of each (about 0.27 MiB apiece). A chat gives new shapes at almost every
 # reply (the part of the prompt not in the kept context, each expert's share of its rows), so the
 # app's memory grew 1.2 MiB a reply until it settled about 500 MiB higher; capped at 128, about
-# 80 MiB. At 64 the bench's `full` decoded 9% slower, likely as a prefill's new shapes pushed out
+# 80 MiB. At 64 the bench's `full` decoded 10% slower, likely as a prefill's new shapes pushed out
 # the decode steps' (see the README). Read at the first matrix product.
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "128")
 os.environ.setdefault("LRU_CACHE_CAPACITY", "128")
