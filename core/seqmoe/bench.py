@@ -152,7 +152,7 @@ def match_link(engine: Engine, setup: str, prompts: list[list[int]] | None = Non
     if engine.link != "emulated":
         raise SeqMoEError(f"only an emulated link can be matched to a setup; this engine copies over {engine.link}")
     if prompts is None:
-        chat = bool(engine.loaded.tokenizer.chat_template)
+        chat = engine.loaded.has_chat_template
         prompts = [engine.encode(text, chat=chat) for text in BUILT_IN_PROMPTS[:MATCH_PROMPTS]]
     listened, engine.events = engine.events, EventBus()
     try:

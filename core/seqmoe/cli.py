@@ -242,7 +242,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
             raise SeqMoEError("--plot needs matplotlib: pip install matplotlib (or the package's [bench] extra)") from None
         check_output(args.plot, "--plot", suffixes=PLOT_SUFFIXES)
     engine = load_engine(args)
-    chat = bool(engine.loaded.tokenizer.chat_template)
+    chat = engine.loaded.has_chat_template
     prompts = [engine.encode(text, chat=chat) for text in texts]
     for number, ids in enumerate(prompts, 1):
         try:

@@ -79,10 +79,15 @@ class LoadedModel:
     def context_limit(self) -> int | None:
         return context_limit(self.config)
 
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the tokenizer can put a conversation into the model's turns."""
+        return bool(self.tokenizer.chat_template)
+
     def check_chat_template(self, remedy: str = "use a plain prompt") -> None:
         """Refuse chat input, in one line, for a model whose tokenizer has no chat template; ``remedy``
         says what the caller's user can do instead."""
-        if not self.tokenizer.chat_template:
+        if not self.has_chat_template:
             raise SeqMoEError(f"{self.path.name} has no chat template; {remedy}")
 
     @property
@@ -282,13 +287,12 @@ def _missing_expert_weights(stored: dict[str, list[int]]) -> list[str]:
         match = _PER_EXPERT.fullmatch(key)
         if match:
             layers.setdefault(match["experts"], {}).setdefault(match["weight"], set()).add(int(match["number"]))
-    return [
-        f"{experts}.{number}.{weight}"
-        for experts, weights in sorted(layers.items())
-        for number in range(1 + max(max(numbers) for numbers in weights.values()))
-        for weight, numbers in sorted(weights.items())
-        if number not in numbers
-    ]
+    missing = []
+    for experts, weights in sorted(layers.items()):
+        highest = max(max(numbers) for numbers in weights.values())
+        for number in range(highest + 1):
+            missing += [f"{experts}.{number}.{weight}" for weight, numbers in sorted(weights.items()) if number not in numbers]
+    return missing
 
 
 def _lacks(name: str, missing: list[str]) -> ModelRefused:

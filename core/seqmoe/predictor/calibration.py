@@ -97,7 +97,7 @@ def calibrate(
     """
     report = on_progress or (lambda stage, fraction: None)
     path = check_output(user_predictor_path(model_identity(loaded)), "the predictor file")  # before minutes of work
-    chat = bool(loaded.tokenizer.chat_template)
+    chat = loaded.has_chat_template
     done = 0
 
     def traced(count: int) -> None:

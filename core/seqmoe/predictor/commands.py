@@ -108,7 +108,7 @@ def _cost(engine: Engine, path: Path) -> dict[str, object]:
     engine.configure("seqmoe", cache_ratio=1.0)
     policy = engine.cache.policy
     policy.fixed_stride = 1
-    prompt = engine.encode("Hi! What do you like to do on weekends?", chat=bool(loaded.tokenizer.chat_template))
+    prompt = engine.encode("Hi! What do you like to do on weekends?", chat=loaded.has_chat_template)
     engine.generate(prompt, Sampling(max_new_tokens=8))
     calls, seconds, reuse_seconds = policy.calls, policy.predict_seconds, policy.reuse_seconds
     stats = engine.generate(prompt, Sampling(max_new_tokens=48)).stats
@@ -164,7 +164,7 @@ def run_calibrate(engine: Engine, args: argparse.Namespace) -> int:
     report = predictor.config.report
     print(f"calibrated in {report['seconds']:.0f} s of training: validation loss {report['validation_loss']:.4f}; "
           f"predictor saved to {path}", file=sys.stderr)
-    if not engine.loaded.tokenizer.chat_template:  # calibrate replies to each user turn through the template
+    if not engine.loaded.has_chat_template:  # calibrate replies to each user turn through the template
         print(f"{engine.loaded.path.name} has no chat template: the calibration text went to it as plain text, "
               "each conversation once", file=sys.stderr)
     return 0
