@@ -34,12 +34,14 @@ def copy_all(copier: EmulatedCopier, jobs: list[CopyJob]) -> float:
 
 
 @pytest.mark.parametrize("gbps", [0.25, 1.0])
-def test_measured_throughput_is_within_20_percent_of_the_setting(gbps: float) -> None:
+def test_copies_take_the_set_speed_one_after_another(gbps: float) -> None:
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
     jobs = [job(i, 2 * 2**20, pairs) for i in range(24)]
     elapsed = copy_all(EmulatedCopier(gbytes_per_s=gbps, latency_s=0.0), jobs)
-    measured = sum(j.nbytes for j in jobs) / elapsed / 1e9
-    assert measured == pytest.approx(gbps, rel=0.2)
+    lane = sum(j.nbytes for j in jobs) / (gbps * 1e9)
+    # Never faster than the setting; slower only by the host's own lateness in noticing the
+    # last copy (the lane's times are a model), which a busy machine can stretch to tens of ms.
+    assert lane <= elapsed < lane + max(0.2 * lane, 0.1)
     assert all(torch.equal(dst, src) for dst, src in pairs)
     assert not any(j.write for j in jobs)  # a finished job holds no view of the slot pool
 
