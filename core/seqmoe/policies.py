@@ -174,7 +174,9 @@ class Policy:
         """Record that MoE layer ``layer`` uses ``experts`` now."""
         self._clock += 1
         self.layer = layer
-        self.last_use[layer, list(experts)] = self._clock
+        # Item by item: a decode layer's few experts cost a fraction of one fancy-indexed assignment.
+        for expert in experts:
+            self.last_use[layer, expert] = self._clock
 
     def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:
         """Experts of the next layers worth loading, after layer ``layer`` routed one decode token."""
@@ -428,7 +430,13 @@ class SeqMoEPolicy(BeladyPolicy):
         """The target layer of each horizon of the last call."""
         self._raw: np.ndarray | None = None
         """``[H, E]``: the last call's probabilities as the predictor gave them."""
+        self._routed: Sequence[int] = ()
+        """The experts the layer observed last used (``forecast`` follows its layer's ``observe``)."""
         self.reliability = Reliability()
+
+    def observe(self, layer: int, experts: Sequence[int]) -> None:
+        super().observe(layer, experts)
+        self._routed = experts
 
     def observe_timing(
         self, layer_seconds: float, stall_seconds: float, plan_seconds: float = 0.0, link_load: float = math.inf
@@ -511,9 +519,7 @@ class SeqMoEPolicy(BeladyPolicy):
         """Tell ``reliability`` how the last call's forecast of this run of ``layer`` turned out."""
         if self._raw is None or not 0 < elapsed <= len(self._raw) or self._targets[elapsed - 1] != layer:
             return
-        used = np.zeros(self.num_experts, dtype=bool)
-        used[routed.reshape(-1).tolist()] = True
-        self.reliability.score(self._raw[elapsed - 1], used)
+        self.reliability.score(self._raw[elapsed - 1], self._routed)
 
     def _forecast_reuse(self, hidden: torch.Tensor) -> None:
         start = self.clock()
@@ -537,7 +543,8 @@ class SeqMoEPolicy(BeladyPolicy):
 
     def _predict(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> np.ndarray:
         """``[H, E]``: the probability of each expert at each of the next ``H`` MoE layers, as given."""
-        return self.predict(hidden.reshape(-1), layer, routed.reshape(-1)).float().cpu()[: self.horizon].double().numpy()
+        probs = self.predict(hidden.reshape(-1), layer, routed.reshape(-1)).float().cpu().numpy()
+        return probs[: self.horizon].astype(np.float64)
 
     def _forecasts(self, layer: int, raw: np.ndarray) -> Forecasts:
         probs = self.reliability(raw)

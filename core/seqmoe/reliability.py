@@ -12,10 +12,19 @@ time, and 0.20-0.30 75%, so on a busy link its forecasts never passed the admiss
 run of the layer they were made for, and moves each raw probability by its bin's measured
 error, weighed by how much the bin has seen against ``PRIOR`` forecasts that trust the raw
 value: an unseen bin leaves it as it is, and within a bin the raw order is kept. A bin keeps
-at most ``MEMORY`` forecasts' worth of counts, so it follows a conversation that drifts.
+at most ``MEMORY`` forecasts' worth of counts, so it follows a conversation that drifts (it
+forgets once per pass that counts, below: a few layers' forecasts, far fewer than ``MEMORY``).
+
+A forecast is scored at every decode layer and corrected only when the predictor runs (every
+few layers): the routings scored meanwhile wait in a list and are counted in one pass when the
+counts are next read. Counted at every layer, the dozen array operations on bins of a few
+entries each cost 40 µs a layer in place on the demo (their memory cold after the layer's
+compute), 0.3 ms of a 13 ms decode token.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -29,28 +38,59 @@ class Reliability:
     def __init__(self, prior: float = PRIOR) -> None:
         self.prior = prior
         """How many scored forecasts weigh as much as the raw probability (``math.inf``: never corrected)."""
-        self.forecasts = np.zeros(len(EDGES))
-        """Per bin: the forecasts scored (decayed beyond ``MEMORY``)."""
-        self.used = np.zeros(len(EDGES))
-        """Per bin: how many of them were used."""
-        self.said = np.zeros(len(EDGES))
-        """Per bin: the sum of their raw probabilities."""
+        self._forecasts = np.zeros(len(EDGES))
+        self._used = np.zeros(len(EDGES))
+        self._said = np.zeros(len(EDGES))
+        self._pending: list[tuple[np.ndarray, Sequence[int]]] = []
+        """Forecasts scored since the counts were last read: (raw probabilities, experts used)."""
 
-    def score(self, raw: np.ndarray, used: np.ndarray) -> None:
-        """Record forecasts of raw probabilities ``raw`` and whether each was used (bools, same shape)."""
-        bins = np.searchsorted(EDGES, raw.ravel(), side="right") - 1
-        self.forecasts += np.bincount(bins, minlength=len(EDGES))
-        self.used += np.bincount(bins, weights=used.ravel().astype(float), minlength=len(EDGES))
-        self.said += np.bincount(bins, weights=raw.ravel(), minlength=len(EDGES))
-        full = self.forecasts > MEMORY
-        if full.any():
-            keep = np.where(full, MEMORY / np.maximum(self.forecasts, 1.0), 1.0)
-            self.forecasts *= keep
-            self.used *= keep
-            self.said *= keep
+    @property
+    def forecasts(self) -> np.ndarray:
+        """Per bin: the forecasts scored (decayed beyond ``MEMORY``)."""
+        return self._counted()[0]
+
+    @property
+    def used(self) -> np.ndarray:
+        """Per bin: how many of them were used."""
+        return self._counted()[1]
+
+    @property
+    def said(self) -> np.ndarray:
+        """Per bin: the sum of their raw probabilities."""
+        return self._counted()[2]
+
+    def score(self, raw: np.ndarray, used: Sequence[int]) -> None:
+        """Record one forecast per entry of ``raw`` (its raw probability), of which the entries at
+        the indices ``used`` came true."""
+        self._pending.append((raw, used))
 
     def __call__(self, raw: np.ndarray) -> np.ndarray:
         """The probabilities ``raw`` as the forecasts scored so far say they turn out."""
+        forecasts, used, said = self._counted()
         bins = np.searchsorted(EDGES, raw, side="right") - 1
-        error = (self.used - self.said) / (self.forecasts + self.prior)
+        error = (used - said) / (forecasts + self.prior)
         return np.clip(raw + error[bins], 0.0, 1.0)
+
+    def _counted(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._pending:
+            self._count(self._pending)
+            self._pending = []
+        return self._forecasts, self._used, self._said
+
+    def _count(self, pending: list[tuple[np.ndarray, Sequence[int]]]) -> None:
+        raw = np.concatenate([r.ravel() for r, _ in pending])
+        came_true = np.zeros(raw.size)
+        offset = 0
+        for r, used in pending:
+            came_true[[offset + i for i in used]] = 1.0
+            offset += r.size
+        bins = np.searchsorted(EDGES, raw, side="right") - 1
+        self._forecasts += np.bincount(bins, minlength=len(EDGES))
+        self._used += np.bincount(bins, weights=came_true, minlength=len(EDGES))
+        self._said += np.bincount(bins, weights=raw, minlength=len(EDGES))
+        full = self._forecasts > MEMORY
+        if full.any():
+            keep = np.where(full, MEMORY / np.maximum(self._forecasts, 1.0), 1.0)
+            self._forecasts *= keep
+            self._used *= keep
+            self._said *= keep

@@ -27,19 +27,31 @@ class UsageHistory:
     about ``1 / RATE_SMOOTHING`` runs that starts from ``prior``, and the runs since its last use.
 
     NumPy arrays of doubles: eviction ranks every resident expert from them at every layer.
+    ``record`` runs at every layer and touches only what it must (one array operation and the
+    few experts used, item by item); the ages, read once a token, are worked out when read.
     """
 
     def __init__(self, prior: torch.Tensor) -> None:
         self.rate: np.ndarray = prior.clamp(MIN_RATE, 1.0).double().numpy().copy()
-        self.age: np.ndarray = np.full(self.rate.shape, float(AGE_CAP))
+        self._runs = np.zeros((self.rate.shape[0], 1), dtype=np.int64)
+        """Per layer: its runs so far."""
+        self._last_run = np.full(self.rate.shape, -AGE_CAP - 1, dtype=np.int64)
+        """The run that last used each expert, counted from 0 (never: far enough back to be capped)."""
+
+    @property
+    def age(self) -> np.ndarray:
+        """``[L, E]``: the runs of each expert's layer since its last use, up to ``AGE_CAP``."""
+        return np.minimum(self._runs - 1 - self._last_run, AGE_CAP).astype(np.float64)
 
     def record(self, layer: int, experts: Sequence[int]) -> None:
         """A run of ``layer`` used ``experts``."""
-        rate, age = self.rate[layer], self.age[layer]
+        rate, last_run = self.rate[layer], self._last_run[layer]
         rate *= 1.0 - RATE_SMOOTHING
-        np.minimum(age + 1.0, AGE_CAP, out=age)
-        rate[list(experts)] += RATE_SMOOTHING
-        age[list(experts)] = 0.0
+        run = int(self._runs[layer, 0])
+        for expert in experts:
+            rate[expert] += RATE_SMOOTHING
+            last_run[expert] = run
+        self._runs[layer, 0] = run + 1
 
     def features(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(rate, age)``, each ``[L, E]``."""

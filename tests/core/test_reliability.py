@@ -12,8 +12,7 @@ from seqmoe.reliability import MEMORY, Reliability
 
 def scored(raw: float, used_share: float, count: int, reliability: Reliability | None = None) -> Reliability:
     reliability = reliability or Reliability()
-    used = np.arange(count) < round(used_share * count)
-    reliability.score(np.full(count, raw), used)
+    reliability.score(np.full(count, raw), range(round(used_share * count)))
     return reliability
 
 
@@ -39,13 +38,24 @@ def test_a_few_scored_forecasts_move_a_probability_a_little() -> None:
 
 
 def test_a_bin_follows_forecasts_that_turn_out_otherwise_later() -> None:
+    # Read after every 100 forecasts, as the engine corrects a forecast every few layers.
     reliability = Reliability()
     for _ in range(100):
-        scored(0.5, 0.0, 100, reliability)  # 10,000 forecasts of 0.5, none used
+        scored(0.5, 0.0, 100, reliability)(np.array([0.5]))  # 10,000 forecasts of 0.5, none used
     assert reliability.forecasts.max() <= MEMORY + 100
     for _ in range(100):
-        scored(0.5, 1.0, 100, reliability)  # then as many, all used
+        scored(0.5, 1.0, 100, reliability)(np.array([0.5]))  # then as many, all used
     assert reliability(np.array([0.5]))[0] > 0.8
+
+
+def test_forecasts_scored_since_the_last_correction_count_when_it_comes() -> None:
+    reliability = Reliability()
+    for layer in range(40):
+        reliability.score(np.array([0.15, 0.15, 0.05]), [0, 1] if layer % 2 else [0])
+    # 80 forecasts of 0.15, three quarters used; 40 of 0.05, none.
+    assert reliability.forecasts[[5, 3]].tolist() == [80, 40] and reliability.used[5] == 60
+    corrected = reliability(np.array([0.15, 0.05]))
+    assert corrected[0] == pytest.approx(0.15 + 80 * 0.6 / 130) and corrected[1] == pytest.approx(0.05 - 2 / 90)
 
 
 def test_an_infinite_prior_never_corrects() -> None:

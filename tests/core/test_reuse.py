@@ -123,6 +123,9 @@ def test_age_counts_runs_since_the_last_use_up_to_its_cap() -> None:
     history.record(0, [0])
     assert history.age[0].tolist() == [0.0, 1.0]
     assert history.rate[0][1] == pytest.approx(0.5 * (1 - RATE_SMOOTHING) ** 2 + RATE_SMOOTHING * (1 - RATE_SMOOTHING))
+    for _ in range(AGE_CAP + 5):
+        history.record(0, [1])
+    assert history.age[0].tolist() == [AGE_CAP, 0.0]
 
 
 def announced_topics(documents: int = 60, length: int = 40, seed: int = 0) -> Traces:
