@@ -340,16 +340,17 @@ class BeladyPolicy(Policy):
         """The farthest first; the candidates within ``NEAR`` of the farthest left count as equally
         far, and among them the least probable goes first, then the least recently used."""
         probability, distance = self._ranking()
-        distance = distance.ravel()[candidates]
-        probability, recency = probability.ravel()[candidates], self.last_use.ravel()[candidates]
-        left = np.ones(len(candidates), dtype=bool)
+        distance = distance.ravel()[candidates]  # a copy: a victim's entry becomes -inf
+        # Each candidate's place in the order the near ones are taken in: least probable, then
+        # least recently used, then the lowest (layer, expert).
+        taken_first = np.empty(len(candidates), dtype=np.int64)
+        taken_first[np.lexsort((candidates, self.last_use.ravel()[candidates], probability.ravel()[candidates]))] = np.arange(len(candidates))
         for _ in range(len(candidates)):
             # A few victims are taken per re-plan: a pass over the candidates for each is cheaper
-            # than sorting them all.
-            farthest = np.where(left, distance, -np.inf).max()
-            near = np.flatnonzero(left & (distance >= farthest - NEAR))
-            chosen = near[np.lexsort((candidates[near], recency[near], probability[near]))[0]]
-            left[chosen] = False
+            # than sorting them all by distance.
+            near = distance >= distance.max() - NEAR
+            chosen = int(np.where(near, taken_first, len(candidates)).argmin())
+            distance[chosen] = -np.inf
             yield divmod(int(candidates[chosen]), self.num_experts)
 
     def remember(self, forecasts: Sequence[Forecast], layers: set[int]) -> None:
