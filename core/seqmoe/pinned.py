@@ -77,6 +77,16 @@ class PinnedBuffers:
         self._held.append((allocation, region.data_ptr()))
         return region[:nbytes]
 
+    def release(self, buffer: torch.Tensor) -> None:
+        """Unlock ``buffer`` (given by ``empty``, or a view from its start) and let its memory go
+        with the last reference to it."""
+        for index, (_, address) in enumerate(self._held):
+            if address == buffer.data_ptr():
+                self._registry.unregister(address)
+                del self._held[index]
+                return
+        raise ValueError("not a buffer of these pinned buffers")
+
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
         """A page-locked copy of ``tensor`` (contiguous, same dtype and shape)."""
         source = tensor.detach().to("cpu").contiguous()

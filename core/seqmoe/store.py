@@ -126,6 +126,8 @@ class HostStore:
         rows = (pinned.empty(experts * row) if pinned is not None else torch.empty(experts * row, dtype=torch.uint8)).view(experts, row)
         packed = [pack([tensor[expert] for tensor in tensors], rows[expert]) for expert in range(experts)]
         if sum(e.nbytes for e in packed) > WORTH_PACKING * self.layout.bytes_per_expert * experts:
+            if pinned is not None:  # the layer is kept as it is, locked anew: these rows would stay locked unused
+                pinned.release(rows)
             return None
         blob = torch.cat([expert.escapes for expert in packed])
         blob = pinned.copy(blob) if pinned is not None else blob

@@ -104,6 +104,19 @@ def test_bfloat16_experts_are_kept_packed_page_locked_as_they_are_and_given_back
     assert registry.ranges == {}  # unlocked with the store, before its memory is freed
 
 
+def test_bfloat16_experts_that_do_not_pack_are_locked_once_as_they_are() -> None:
+    """Their packed rows, made and found no smaller, must not stay locked beside them."""
+    modules = [FakeExperts(layer, experts=5, shape=(640, 48)) for layer in range(2)]
+    for module in modules:
+        for param in module.parameters():  # random bit patterns: no crowded exponents
+            param.data = torch.randint(-(2**15), 2**15, param.shape, dtype=torch.int16).view(torch.bfloat16)
+    raw = sum(param.numel() * 2 for module in modules for param in module.parameters())
+    registry = Registry()
+    host = HostStore(modules, PinnedBuffers(registry))
+    assert not host.packed and len(registry.ranges) == 4  # each layer's two tensors
+    assert sum(registry.ranges.values()) < raw + 4 * PAGE
+
+
 def test_acquired_slots_hold_the_right_weights(cache: ExpertCache) -> None:
     slots = cache.acquire(2, [1, 3], prefill=False)
     assert [cache.pool.tensors["gate_up_proj"][s][0, 0].item() for s in slots] == [201.0, 203.0]
