@@ -95,6 +95,8 @@ class ExpertCache:
         self.phases = {phase: PhaseCounters() for phase in PHASES}
         self.prefetches = PrefetchCounters()
         self._queued: dict[ExpertKey, CopyJob] = {}
+        """Copies on their way into slots no layer has pinned: the prefetches, and the misses of a
+        layer that failed before they landed (``_abandon``)."""
         self._prefetched: set[ExpertKey] = set()
         self._displaced: dict[ExpertKey, ExpertKey] = {}
         """Queued prefetch -> the expert whose slot it took, still intact there (see above)."""
@@ -226,7 +228,7 @@ class ExpertCache:
                 self._displacement_done(key)
             if arrived:
                 del self._queued[key]
-                if self.events.active:
+                if self.events.active and key in self._prefetched:  # not a miss whose layer gave up on it
                     self.events.emit(PrefetchCompleted(key))
 
     def release(self, slots: Sequence[int]) -> None:
@@ -245,6 +247,12 @@ class ExpertCache:
                 if job is not None:
                     self.copier.wait(job, phase)
         finally:
+            for slot in slots:
+                # A copy that has not landed (its write failed, or the wait for another did) stays
+                # on the books of copies on their way: its slot is no victim until it lands.
+                job = self.pool.job[slot]
+                if job is not None and job.state is not JobState.DONE:
+                    self._queued[job.key] = job
             self.release(slots)
 
     def resize(self, size: int) -> None:

@@ -166,13 +166,16 @@ class ModelledLane:
         raise NotImplementedError
 
     def submit(self, job: CopyJob, urgent: bool = False) -> None:
-        self._settle()
+        # Starts what the lane has started by now, before and after queueing, but writes nothing:
+        # a write that fails (see ``_settle``) is raised where a copy is waited for or asked
+        # about, never from queueing another one, which the cache must always be able to do.
+        self._start_due()
         job.urgent = urgent
         if urgent:
             self._queue.appendleft((job, self.clock()))
         else:
             self._queue.append((job, self.clock()))
-        self._settle()
+        self._start_due()
 
     def cancel(self, job: CopyJob) -> bool:
         self._settle()
@@ -221,8 +224,7 @@ class ModelledLane:
         looked at in steps (a layer, a stall), so a copy queued behind another starts when the
         lane came free or when it was submitted, whichever is later, not at the step that
         notices it."""
-        while self._queue and self._free_at <= self.clock():
-            self._start(*self._queue.popleft())
+        self._start_due()
         now = self.clock()
         for job in [j for j, finish in self._running.items() if finish <= now]:
             # Written before it leaves the lane's books: a write that fails (out of memory for
@@ -230,6 +232,10 @@ class ModelledLane:
             write_expert(job)
             del self._running[job]
             job.state = JobState.DONE
+
+    def _start_due(self) -> None:
+        while self._queue and self._free_at <= self.clock():
+            self._start(*self._queue.popleft())
 
 
 SPIN_SECONDS = 2e-4
@@ -315,6 +321,11 @@ class CudaCopier:
         self.bytes_copied = 0
         self.speed = LinkSpeed(20e9)
         self._pending: deque[CopyJob] = deque()
+        self._failed: deque[CopyJob] = deque()
+        """Copies whose issue failed (out of device memory for the unpacking, say), to issue again
+        before any other. Some of their kernels may have been queued before the failure and
+        written part of the slot: they count as started (``COPYING``) and are never cancelled,
+        so the cache never gives their slot back to the expert they displaced."""
         self._in_flight: deque[CopyJob] = deque()
         self._released: dict[int, torch.cuda.Event] = {}
         self._unread: deque[tuple[CopyJob, str, torch.cuda.Event, torch.cuda.Event]] = deque()
@@ -327,7 +338,13 @@ class CudaCopier:
             self._pending.appendleft(job)
         else:
             self._pending.append(job)
-        self._pump()
+        try:
+            self._pump()
+        except Exception:
+            # The copy that failed to issue (this one or an earlier) waits in ``_failed``, and the
+            # error is raised again where it is next issued: when compute waits for it, or when
+            # the cache next asks about copies. Queueing always succeeds, as the cache needs.
+            pass
 
     def cancel(self, job: CopyJob) -> bool:
         if job in self._pending:
@@ -339,6 +356,9 @@ class CudaCopier:
     def wait(self, job: CopyJob, phase: str = "decode") -> None:
         if job.state is JobState.QUEUED:
             self._pending.remove(job)
+            self._issue(job)
+        elif job in self._failed:
+            self._failed.remove(job)
             self._issue(job)
         event = job.cuda_event
         assert isinstance(event, torch.cuda.Event)
@@ -362,7 +382,7 @@ class CudaCopier:
         # The cache asks at every layer: the moment to put waiting prefetches on the stream
         # once earlier copies finished, not only when the next copy is submitted.
         self._pump()
-        if job.state is JobState.COPYING and job.cuda_event.query():
+        if job.state is JobState.COPYING and job.cuda_event is not None and job.cuda_event.query():
             job.state = JobState.DONE
         return job.state is JobState.DONE
 
@@ -396,6 +416,8 @@ class CudaCopier:
             job.state = JobState.DONE
             began, ended = job.timing
             self.speed.observe(job.nbytes, began.elapsed_time(ended) / 1000.0)
+        while self._failed and len(self._in_flight) < self.max_in_flight:
+            self._issue(self._failed.popleft())
         while self._pending and len(self._in_flight) < self.max_in_flight:
             self._issue(self._pending.popleft())
 
@@ -409,9 +431,8 @@ class CudaCopier:
             try:
                 write_expert(job, non_blocking=True)
             except BaseException:
-                # Out of device memory for its staging, say: the job stays queued, first in line,
-                # so a later wait issues it again and a cancel finds it, as for any queued copy.
-                self._pending.appendleft(job)
+                job.state = JobState.COPYING
+                self._failed.append(job)
                 raise
             event = torch.cuda.Event(enable_timing=True)
             event.record(self.stream)

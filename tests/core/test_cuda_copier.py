@@ -22,7 +22,7 @@ from seqmoe.compression import RawExpert
 from seqmoe.errors import SeqMoEError
 from seqmoe.events import EventBus, Stall
 from seqmoe.experts import _RUNTIME_ATTR, OffloadedLayer
-from seqmoe.policies import BeladyPolicy
+from seqmoe.policies import BeladyPolicy, LRUPolicy
 from seqmoe.store import HostStore
 from seqmoe.transfer import CopyJob, CudaCopier, JobState
 
@@ -184,6 +184,100 @@ def test_a_copy_out_of_device_memory_fails_its_reply_clearly_and_the_next_reply_
             engine.generate(PROMPT, greedy)
         assert engine.generate(PROMPT, greedy).token_ids == expected
         assert issued > 3
+    finally:
+        engine.close()
+
+
+def lru_cache_on_fake_gpu(monkeypatch: pytest.MonkeyPatch) -> ExpertCache:
+    """Three slots filled with layer 0's experts; copies take a minute each and one runs at a time."""
+    FakeGPU(monkeypatch, seconds_per_copy=60.0)
+    host = HostStore([FakeExperts(layer) for layer in range(3)], pinned=None)
+    cache = ExpertCache(host, 3, CPU, CudaCopier(CPU, max_in_flight=1), LRUPolicy(3, 4), EventBus())
+    cache.release(cache.acquire(0, [0, 1, 2], prefill=False))
+    return cache
+
+
+def test_a_held_back_prefetch_that_fails_partway_is_not_cancelled_back_into_its_victims_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cache = lru_cache_on_fake_gpu(monkeypatch)
+    victims = cache._victims()
+    cache._prefetch((1, 0), victims, "decode", admit_all=True)  # on the stream
+    cache._prefetch((1, 1), victims, "decode", admit_all=True)  # held back on the host
+    held_back, victim = cache._queued[(1, 1)], cache._displaced[(1, 1)]
+    destinations = held_back.write.args[0]
+
+    def runs_out_of_memory_partway(non_blocking: bool) -> None:
+        destinations[0].fill_(-1.0)  # a kernel queued before the allocation that failed
+        held_back.write = write
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    write, held_back.write = held_back.write, runs_out_of_memory_partway
+    cache.copier.wait(cache._queued[(1, 0)])
+    with pytest.raises(torch.OutOfMemoryError):
+        cache._settle_queued()  # the first landed; issuing the second fails
+    cache.end_of_generation()
+    slots = cache.acquire(victim[0], [victim[1]], prefill=False)
+    assert cache.pool.tensors["gate_up_proj"][slots[0]][0, 0].item() == 100.0 * victim[0] + victim[1]
+
+
+def test_a_prefetch_whose_copy_fails_as_it_is_queued_leaves_the_cache_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = lru_cache_on_fake_gpu(monkeypatch)
+    write, failures = transfer.write_expert, [torch.OutOfMemoryError("CUDA out of memory")]
+
+    def fails_once(job: CopyJob, non_blocking: bool = False) -> None:
+        if failures:
+            raise failures.pop()
+        write(job, non_blocking)
+
+    monkeypatch.setattr(transfer, "write_expert", fails_once)
+    victims = cache._victims()
+    victim = victims.peek()
+    cache._prefetch((1, 0), victims, "decode", admit_all=True)
+    cache.end_of_generation()
+    for key in (victim, (1, 0)):
+        slots = cache.acquire(key[0], [key[1]], prefill=False)
+        assert cache.pool.tensors["gate_up_proj"][slots[0]][0, 0].item() == 100.0 * key[0] + key[1]
+        cache.release(slots)
+
+
+@pytest.mark.parametrize("link", ["emulated", "cuda"])
+@pytest.mark.parametrize("failing", [1, 2, 3, 5, 8, 13])
+def test_a_copy_that_fails_after_writing_part_of_its_slot_never_lets_that_slot_be_read_as_an_expert(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, link: str, failing: int
+) -> None:
+    """On a GPU the kernels a copy queued before running out of memory still run: its slot holds
+    neither the expert it was meant for nor the one it displaced. Whichever copy fails (a miss, a
+    prefetch, one issued while queueing another), the reply either fails clearly or gives
+    ``full``'s tokens, and so does the next."""
+    engine = Engine(load_model(str(tiny_models["mixtral"]), device="cpu"))
+    greedy = Sampling(max_new_tokens=NEW_TOKENS)
+    try:
+        engine.configure("full")
+        expected = engine.generate(PROMPT, greedy).token_ids
+        if link == "cuda":
+            FakeGPU(monkeypatch, seconds_per_copy=2e-4)
+            monkeypatch.setattr(Engine, "_make_copier", lambda self: CudaCopier(self.device))
+        engine.configure("seqmoe", cache_ratio=0.5)
+        written = 0
+
+        def fails_after_writing_part(job: CopyJob, non_blocking: bool = False) -> None:
+            nonlocal written
+            written += 1
+            if written == failing:
+                for destination in job.write.args[0]:
+                    destination.view(-1)[: destination.numel() // 2].fill_(1e4)
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+            write(job, non_blocking)
+
+        write = transfer.write_expert
+        monkeypatch.setattr(transfer, "write_expert", fails_after_writing_part)
+        try:
+            assert engine.generate(PROMPT, greedy).token_ids == expected
+        except SeqMoEError as error:
+            assert "ran out of memory while generating" in str(error)
+        assert written >= failing
+        assert engine.generate(PROMPT, greedy).token_ids == expected
     finally:
         engine.close()
 
