@@ -582,12 +582,15 @@ class _Streamer(BaseStreamer):
 def _one_token_a_step() -> dict[str, object]:
     """The ``generate`` arguments that undo what a model's ``generation_config.json`` may set to
     decode otherwise than one greedy or sampled token a step (beam search, contrastive search,
-    assisted decoding, DoLa), which the engine's stream and its reference do not do: those of the
-    fields the installed transformers has."""
+    assisted decoding, DoLa), which the engine's stream and its reference do not do, or to compile
+    the forward pass (transformers does when the cache asked for can be compiled, on a GPU with CUDA
+    graphs), which chooses and copies experts on the host at every layer: those of the fields the
+    installed transformers has."""
     plain = GenerationConfig()
     fields = {
         "num_beams": 1, "num_beam_groups": 1, "constraints": None, "force_words_ids": None, "penalty_alpha": None,
         "dola_layers": None, "prompt_lookup_num_tokens": None, "assistant_early_exit": None, "use_mtp": False,
+        "disable_compile": True,
     }
     return {name: value for name, value in fields.items() if hasattr(plain, name)}
 

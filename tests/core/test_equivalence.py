@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Mxfp4Config, PreTrainedModel
+from transformers import AutoModelForCausalLM, CompileConfig, Mxfp4Config, PreTrainedModel
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
 from seqmoe import Engine, Sampling, load_model
@@ -254,6 +254,32 @@ def test_on_the_cpu_a_small_models_decode_steps_run_on_one_thread(
             assert all(not prefill for prefill, _ in seen[1:]) and len(seen) == 4
             assert asked == ([1, threads] if small else []), policy  # one thread while decoding, then all again
             assert all(during == ([1] if small else []) for _, during in seen[1:])
+    finally:
+        engine.close()
+
+
+def test_a_model_asking_for_a_compiled_static_cache_is_run_as_it_is_not_compiled(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers compiles the forward pass (CUDA graphs on a GPU) when the cache a model's
+    generation_config asks for can be compiled: a forward that chooses and copies experts on the
+    host at every layer must run as it is written."""
+    greedy = Sampling(max_new_tokens=6)
+    expected = reference_tokens(tiny_models["qwen3_moe"], greedy)
+    engine = Engine(load_model(str(tiny_models["qwen3_moe"]), device="cpu"))
+    model = engine.loaded.model
+    model.generation_config.cache_implementation = "static"
+    model.generation_config.compile_config = CompileConfig()
+    model.generation_config.compile_config._compile_all_devices = True  # as on a GPU, here on the CPU
+
+    def compiled(*_: object) -> None:
+        raise AssertionError("the forward pass was compiled")
+
+    monkeypatch.setattr(model, "get_compiled_call", compiled)
+    try:
+        for policy in ("full", "seqmoe"):
+            engine.configure(policy, cache_ratio=None if policy == "full" else 0.5)
+            assert engine.generate(PROMPT, greedy).token_ids == expected, policy
     finally:
         engine.close()
 
