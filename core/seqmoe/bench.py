@@ -59,13 +59,14 @@ class Totals:
 
     def as_dict(self) -> dict[str, float]:
         tokens = max(self.total("tokens"), 1)
-        decode_accesses = self.total("decode_hits") + self.total("decode_misses")
-        prefill_accesses = self.total("prefill_hits") + self.total("prefill_misses")
+        decode_accesses = self.total("decode_hits") + self.total("decode_late") + self.total("decode_misses")
+        prefill_accesses = self.total("prefill_hits") + self.total("prefill_late") + self.total("prefill_misses")
         issued = self.total("prefetch_issued")
         return {
             "tokens": int(self.total("tokens")),
             "tokens_per_s": self.tokens_per_s,
             "hit_rate": self.total("decode_hits") / decode_accesses if decode_accesses else 1.0,
+            "late_rate": self.total("decode_late") / decode_accesses if decode_accesses else 0.0,
             "stall_seconds_per_token": self.total("decode_stall_seconds") / max(self.decode_tokens, 1),
             "h2d_bytes_per_token": self.total("h2d_bytes") / tokens,
             "decode_h2d_bytes_per_token": self.total("decode_h2d_bytes") / max(self.decode_tokens, 1),

@@ -36,6 +36,7 @@ from .events import (
     PrefetchCancelled,
     PrefetchCompleted,
     PrefetchIssued,
+    PrefetchUnused,
     SlotStatus,
     Stall,
 )
@@ -56,7 +57,12 @@ snapshot costs one pass over the slots."""
 @dataclass
 class PhaseCounters:
     hits: int = 0
+    """Experts a layer found ready in their slots."""
+    late: int = 0
+    """Experts a layer found on their way (a prefetch whose copy had not landed): it waited for
+    them as for a miss, though without asking for another copy."""
     misses: int = 0
+    """Experts a layer found in no slot: each is copied for it."""
     copied_bytes: int = 0
     """Bytes of the copies the phase asked for and did not cancel (misses and prefetches)."""
 
@@ -66,7 +72,8 @@ class PrefetchCounters:
     issued: int = 0
     used: int = 0
     unused: int = 0
-    """Copied, then evicted before any layer used them."""
+    """Copied, and no layer of the generation that asked for them used them (evicted first, or
+    still there when it ended)."""
     cancelled: int = 0
     """Dropped from the queue by a re-plan before their copy started (no bytes moved)."""
 
@@ -149,6 +156,7 @@ class ExpertCache:
         # evicts one of its own experts to load another.
         found = [self._pin_resident((layer, expert)) for expert in experts]
         missed = [expert for expert, slot in zip(experts, found) if slot is None]
+        late = [expert for expert, slot in zip(experts, found) if slot is not None and not self._landed(slot)]
         pinned = [slot for slot in found if slot is not None]
         try:
             slots = []
@@ -159,10 +167,11 @@ class ExpertCache:
                     pinned.append(slot)
                 slots.append(slot)
             counters = self.phases[phase]
-            counters.hits += len(experts) - len(missed)
+            counters.hits += len(experts) - len(missed) - len(late)
+            counters.late += len(late)
             counters.misses += len(missed)
             if self.events.active:  # before ``meanwhile``: a listener hears of a routing before the forecasts made from it
-                self.events.emit(LayerRouted(layer, tuple(experts), tuple(missed), prefill))
+                self.events.emit(LayerRouted(layer, tuple(experts), tuple(missed), prefill, tuple(late)))
             began = self.clock()
             if meanwhile is not None:
                 meanwhile()
@@ -182,6 +191,12 @@ class ExpertCache:
         if self.events.active:
             self._report(layer, stalls)
         return slots
+
+    def _landed(self, slot: int) -> bool:
+        """Whether the slot's expert is there, not on its way (the cache has just settled the
+        copies that landed: ``_settle_queued``)."""
+        job = self.pool.job[slot]
+        return job is None or job.state is JobState.DONE
 
     def _pin_resident(self, key: ExpertKey) -> int | None:
         """Pin the slot that holds (or is receiving) ``key``; ``None`` if it is not there."""
@@ -228,7 +243,7 @@ class ExpertCache:
                 self._displacement_done(key)
             if arrived:
                 del self._queued[key]
-                if self.events.active and key in self._prefetched:  # not a miss whose layer gave up on it
+                if self.events.active and not job.urgent:  # not a miss whose layer gave up on it
                     self.events.emit(PrefetchCompleted(key))
 
     def release(self, slots: Sequence[int]) -> None:
@@ -493,10 +508,17 @@ class ExpertCache:
 
     def end_of_generation(self) -> None:
         """The next decode layer does not follow this one in time, and the prefetches still queued
-        for it will not be needed by it: they are cancelled. A generation that failed between a
-        layer's ``acquire`` and its ``release`` left that layer's slots pinned: they are released."""
+        for it will not be needed by it: they are cancelled. The prefetches copied that no layer of
+        the generation used count as unused (a later generation that uses one finds it as any
+        expert it holds). A generation that failed between a layer's ``acquire`` and its
+        ``release`` left that layer's slots pinned: they are released."""
         self._last_decode_layer_at = None
         self._cancel_queued()
+        self.prefetches.unused += len(self._prefetched)
+        if self.events.active:
+            for key in sorted(self._prefetched):
+                self.events.emit(PrefetchUnused(key))
+        self._prefetched.clear()
         for slot, pins in enumerate(self.pool.pins):
             if pins:
                 self.pool.pins[slot] = 0

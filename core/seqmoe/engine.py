@@ -59,9 +59,11 @@ PHASE_COUNTERS = (
     "prefill_h2d_bytes",
     "decode_h2d_bytes",
     "prefill_hits",
+    "prefill_late",
     "prefill_misses",
     "prefill_stall_seconds",
     "decode_hits",
+    "decode_late",
     "decode_misses",
     "decode_stall_seconds",
     "prefetch_issued",
@@ -463,6 +465,7 @@ class Engine:
             tokens=len(token_ids),
             seconds=seconds,
             hits=counts["prefill_hits"] + counts["decode_hits"],
+            late=counts["prefill_late"] + counts["decode_late"],
             misses=counts["prefill_misses"] + counts["decode_misses"],
             stall_seconds=counts["prefill_stall_seconds"] + counts["decode_stall_seconds"],
             **counts,
@@ -503,6 +506,7 @@ class Engine:
         counts: dict[str, float] = {"h2d_bytes": self._copier.bytes_copied}
         for phase, counter in self.cache.phases.items():
             counts[f"{phase}_hits"] = counter.hits
+            counts[f"{phase}_late"] = counter.late
             counts[f"{phase}_misses"] = counter.misses
             counts[f"{phase}_h2d_bytes"] = counter.copied_bytes
             counts[f"{phase}_stall_seconds"] = self._copier.stall_seconds(phase)

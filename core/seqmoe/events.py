@@ -21,12 +21,14 @@ from .transfer import ExpertKey
 
 @dataclass(frozen=True)
 class LayerRouted:
-    """MoE layer ``layer`` of the current step needs ``experts``; ``missed`` were not resident."""
+    """MoE layer ``layer`` of the current step needs ``experts``; ``missed`` were in no slot (each
+    is copied now), ``late`` on their way (prefetches not landed: the layer waits for them)."""
 
     layer: int
     experts: tuple[int, ...]
     missed: tuple[int, ...]
     prefill: bool
+    late: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,14 @@ class PrefetchCompleted:
 @dataclass(frozen=True)
 class PrefetchCancelled:
     """A re-plan dropped a queued prefetch before its copy started."""
+
+    key: ExpertKey
+
+
+@dataclass(frozen=True)
+class PrefetchUnused:
+    """The generation ended without any of its layers using this prefetched expert (it stays in
+    the cache; one evicted unused is an ``ExpertEvicted`` instead)."""
 
     key: ExpertKey
 
@@ -107,6 +117,7 @@ Event = (
     | PrefetchIssued
     | PrefetchCompleted
     | PrefetchCancelled
+    | PrefetchUnused
     | ExpertEvicted
     | Stall
     | CacheSnapshot

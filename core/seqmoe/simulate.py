@@ -90,6 +90,7 @@ class SimulationResult:
     seconds: float
     full_seconds: float
     hits: int
+    late: int
     misses: int
     stall_seconds: float
     h2d_bytes: int
@@ -108,7 +109,8 @@ class SimulationResult:
             "tokens": self.decode_tokens,
             "tokens_per_s": self.decode_tokens / self.seconds if self.seconds else 0.0,
             "ratio_to_full": self.full_seconds / self.seconds if self.seconds else 1.0,
-            "hit_rate": self.hits / max(self.hits + self.misses, 1),
+            "hit_rate": self.hits / max(self.hits + self.late + self.misses, 1),
+            "late_rate": self.late / max(self.hits + self.late + self.misses, 1),
             "stall_seconds_per_token": self.stall_seconds / tokens,
             "h2d_bytes_per_token": self.h2d_bytes / tokens,
             "unused_prefetch_fraction": self.prefetch_unused / self.prefetch_issued if self.prefetch_issued else 0.0,
@@ -215,6 +217,7 @@ def simulate(
         seconds=decode_seconds,
         full_seconds=decode_layers * layer_seconds,
         hits=counters.hits,
+        late=counters.late,
         misses=counters.misses,
         stall_seconds=copier.stall_seconds("decode"),
         h2d_bytes=decode_bytes,

@@ -33,10 +33,14 @@ class GenerationStats:
     decode_h2d_bytes: int = 0
     """The copies each phase asked for (``h2d_bytes`` is what the link carried: the same once
     the generation's queued prefetches are cancelled at its end)."""
+    late: int = 0
+    """Experts found on their way (prefetches not landed), neither hits nor misses (``cache.PhaseCounters``)."""
     prefill_hits: int = 0
+    prefill_late: int = 0
     prefill_misses: int = 0
     prefill_stall_seconds: float = 0.0
     decode_hits: int = 0
+    decode_late: int = 0
     decode_misses: int = 0
     decode_stall_seconds: float = 0.0
     prefetch_issued: int = 0
@@ -56,12 +60,13 @@ class GenerationStats:
 
     @property
     def hit_rate(self) -> float:
-        accesses = self.hits + self.misses
+        """The share of the experts the layers used that were ready in their slots when asked for."""
+        accesses = self.hits + self.late + self.misses
         return self.hits / accesses if accesses else 1.0
 
     @property
     def decode_hit_rate(self) -> float:
-        accesses = self.decode_hits + self.decode_misses
+        accesses = self.decode_hits + self.decode_late + self.decode_misses
         return self.decode_hits / accesses if accesses else 1.0
 
     @property

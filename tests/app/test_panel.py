@@ -85,13 +85,14 @@ def test_the_replys_speed_and_hit_rate_are_those_of_generating_with_the_prompts_
     model = TelemetryModel(num_layers=2, num_experts=4, bytes_per_copy=10)
     view = CountersView()
     qtbot.addWidget(view)
-    # The prompt misses all three experts it routes (0.5 s), then two decode tokens in 0.1 s hit 3 of 4.
+    # The prompt misses all three experts it routes (0.5 s), then two decode tokens in 0.1 s hit 2 of 4:
+    # one is missed, and one is found on its way (a prefetch not landed), which is no hit either.
     model.fold([LayerRouted(0, (0, 1), (0, 1), True), LayerRouted(1, (2,), (2,), True), TokenGenerated(0, 7, 0.5),
                 LayerRouted(0, (0,), (), False), LayerRouted(1, (3,), (3,), False), TokenGenerated(1, 8, 0.55),
-                LayerRouted(0, (1,), (), False), LayerRouted(1, (2,), (), False), TokenGenerated(2, 9, 0.6)])
+                LayerRouted(0, (1,), (), False), LayerRouted(1, (2,), (), False, (2,)), TokenGenerated(2, 9, 0.6)])
     view.show_model(model, None)
     assert view.values["tokens/s"] == "20.0 (3 tokens, the first after 0.50 s)"
-    assert view.values["hit rate"] == "75.0% (3 hits, 1 misses; with the prompt 42.9%)"
+    assert view.values["hit rate"] == "50.0% (2 hits, 1 late, 1 misses; with the prompt 28.6%)"
 
 
 def test_a_new_generation_resets_the_counters_but_keeps_the_cache_map(recorded) -> None:

@@ -20,6 +20,7 @@ from seqmoe.events import (
     LayerRouted,
     PrefetchCancelled,
     PrefetchIssued,
+    PrefetchUnused,
     SlotStatus,
     Stall,
     TokenGenerated,
@@ -88,9 +89,12 @@ def test_stream_accounts_for_every_access_copy_and_stall(engine: Engine, referen
     assert kinds[TokenGenerated] == stats.tokens
     decode = [e for e in events if isinstance(e, LayerRouted) and not e.prefill]
     assert len(decode) == (stats.tokens - 1) * engine.loaded.host.num_layers
-    assert sum(len(e.missed) for e in events if isinstance(e, LayerRouted)) == stats.misses
+    routings = [e for e in events if isinstance(e, LayerRouted)]
+    assert sum(len(e.missed) for e in routings) == stats.misses and sum(len(e.late) for e in routings) == stats.late
+    assert sum(len(e.experts) - len(e.missed) - len(e.late) for e in routings) == stats.hits
     assert kinds[PrefetchIssued] - kinds[PrefetchCancelled] == stats.prefetch_issued
-    assert sum(1 for e in events if isinstance(e, ExpertEvicted) and e.unused) == stats.prefetch_unused
+    evicted_unused = sum(1 for e in events if isinstance(e, ExpertEvicted) and e.unused)
+    assert evicted_unused + kinds[PrefetchUnused] == stats.prefetch_unused
     stalls = [e for e in events if isinstance(e, Stall)]
     assert stalls and {e.cause for e in stalls} <= {"miss", "late prefetch"}
     routed = None

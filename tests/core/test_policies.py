@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from seqmoe.cache import ExpertCache
-from seqmoe.events import EventBus, ExpertEvicted, LayerRouted
+from seqmoe.events import EventBus, ExpertEvicted, LayerRouted, PrefetchUnused
 from seqmoe.policies import (
     DISCOUNT_TOKENS,
     LATER_DISCOUNT,
@@ -851,6 +851,37 @@ def test_a_displaced_expert_is_evicted_when_the_copy_over_it_starts() -> None:
     assert sum(isinstance(e, ExpertEvicted) for e in events) == 2
     cache.plan([])  # too late to cancel: the copy is on its way
     assert (1, 1) in cache.pool.slot_of
+
+
+def test_an_expert_whose_prefetch_has_not_landed_is_late_not_a_hit() -> None:
+    """Its layer waits for it as for a miss (a copy not started even starts only then)."""
+    clock = VirtualClock()
+    cache = virtual_cache(4, belady(), clock, seconds_per_copy=4.0)
+    cache.release(cache.acquire(1, [0], prefill=False))  # a miss
+    clock.now += 8.0
+    cache.plan([Forecast((2, 0), 0.9, 1), Forecast((2, 1), 0.9, 1)])  # the second waits behind the first
+    clock.now += 1.0
+    cache.release(cache.acquire(2, [0, 1], prefill=False))  # one on the link, one not started
+    counters = cache.phases["decode"]
+    assert (counters.hits, counters.late, counters.misses) == (0, 2, 1)
+    clock.now += 10.0
+    cache.release(cache.acquire(2, [0, 1], prefill=False))  # both landed long ago
+    assert (counters.hits, counters.late, counters.misses) == (2, 2, 1)
+
+
+def test_a_prefetch_no_layer_of_its_generation_used_counts_as_unused_once() -> None:
+    clock = VirtualClock()
+    cache = virtual_cache(4, belady(), clock, seconds_per_copy=1.0)
+    heard: list[object] = []
+    cache.events.subscribe(heard.append)
+    cache.plan([Forecast((2, 0), 0.9, 1), Forecast((2, 1), 0.9, 1)])
+    clock.now += 3.0
+    cache.release(cache.acquire(2, [0], prefill=False))  # the first is used, the second not
+    cache.end_of_generation()
+    assert cache.prefetches.unused == 1 and [e.key for e in heard if isinstance(e, PrefetchUnused)] == [(2, 1)]
+    cache.release(cache.acquire(2, [1], prefill=True))  # the next generation finds it: a hit, nothing more
+    cache.end_of_generation()
+    assert cache.prefetches.unused == 1 and cache.phases["prefill"].hits == 1
 
 
 def test_a_cancelled_prefetch_is_not_counted_as_copied() -> None:

@@ -35,8 +35,8 @@ class CountersView(TextRows):
         self.set_values({
             "tokens/s": "–" if speed is None or first is None
                         else f"{speed:.1f} ({counters.tokens} tokens, the first after {first:.2f} s)",
-            "hit rate": f"{_share(counters.decode_hit_rate)} ({counters.decode_hits} hits, {counters.decode_misses} misses; "
-                        f"with the prompt {_share(counters.hit_rate)})",
+            "hit rate": f"{_share(counters.decode_hit_rate)} ({counters.decode_hits} hits, {counters.decode_late} late, "
+                        f"{counters.decode_misses} misses; with the prompt {_share(counters.hit_rate)})",
             "prefetch precision": f"{_share(counters.prefetch_precision)} "
                                   f"({counters.prefetch_used} of {counters.prefetch_copies})",
             "unused prefetches": str(counters.prefetch_unused),

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         PrefetchCancelled,
         PrefetchCompleted,
         PrefetchIssued,
+        PrefetchUnused,
         Stall,
         TokenGenerated,
     )
@@ -57,9 +58,11 @@ class Counters:
     tokens: int = 0
     seconds: float = 0.0  # from the start of the generation to its latest token
     first_token_seconds: float | None = None
-    hits: int = 0  # prompt and reply
-    misses: int = 0
+    hits: int = 0  # prompt and reply; ready when asked for
+    late: int = 0  # prefetches not landed when asked for
+    misses: int = 0  # copied when asked for
     decode_hits: int = 0  # generating, after the first token
+    decode_late: int = 0
     decode_misses: int = 0
     prefetch_issued: int = 0
     prefetch_cancelled: int = 0
@@ -82,12 +85,12 @@ class Counters:
 
     @property
     def hit_rate(self) -> float | None:
-        accesses = self.hits + self.misses
+        accesses = self.hits + self.late + self.misses
         return self.hits / accesses if accesses else None
 
     @property
     def decode_hit_rate(self) -> float | None:
-        accesses = self.decode_hits + self.decode_misses
+        accesses = self.decode_hits + self.decode_late + self.decode_misses
         return self.decode_hits / accesses if accesses else None
 
     @property
@@ -153,6 +156,7 @@ class TelemetryModel:
             "PrefetchCompleted": self._completed,
             "PrefetchCancelled": self._cancelled,
             "ExpertEvicted": self._evicted,
+            "PrefetchUnused": self._unused,
             "Stall": self._stall,
             "TokenGenerated": self._token_generated,
         }
@@ -243,7 +247,8 @@ class TelemetryModel:
             self._new_generation()
         self._in_prefill = event.prefill
         counters = self.counters
-        counters.hits += len(event.experts) - len(event.missed)
+        counters.hits += len(event.experts) - len(event.missed) - len(event.late)
+        counters.late += len(event.late)
         counters.misses += len(event.missed)
         layer = event.layer
         self.last_use[layer, list(event.experts)] = self._token
@@ -253,7 +258,8 @@ class TelemetryModel:
                 self._outstanding.discard(key)
                 counters.prefetch_used += 1
         if not event.prefill:
-            counters.decode_hits += len(event.experts) - len(event.missed)
+            counters.decode_hits += len(event.experts) - len(event.missed) - len(event.late)
+            counters.decode_late += len(event.late)
             counters.decode_misses += len(event.missed)
         if event.prefill:
             # Prefill streams whole layers instead of forecasting; what was forecast before is void.
@@ -300,6 +306,10 @@ class TelemetryModel:
     def _evicted(self, event: ExpertEvicted) -> None:
         if event.unused:
             self.counters.prefetch_unused += 1
+        self._outstanding.discard(event.key)
+
+    def _unused(self, event: PrefetchUnused) -> None:
+        self.counters.prefetch_unused += 1
         self._outstanding.discard(event.key)
 
     def _stall(self, event: Stall) -> None:
