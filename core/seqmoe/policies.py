@@ -343,8 +343,9 @@ class BeladyPolicy(Policy):
         distance = distance.ravel()[candidates]  # a copy: a victim's entry becomes -inf
         # Each candidate's place in the order the near ones are taken in: least probable, then
         # least recently used, then the lowest (layer, expert).
+        order = np.lexsort((candidates, self.last_use.ravel()[candidates], probability.ravel()[candidates]))
         taken_first = np.empty(len(candidates), dtype=np.int64)
-        taken_first[np.lexsort((candidates, self.last_use.ravel()[candidates], probability.ravel()[candidates]))] = np.arange(len(candidates))
+        taken_first[order] = np.arange(len(candidates))
         for _ in range(len(candidates)):
             # A few victims are taken per re-plan: a pass over the candidates for each is cheaper
             # than sorting them all by distance.
@@ -491,7 +492,7 @@ class SeqMoEPolicy(BeladyPolicy):
         in between, or nothing in between when the budget has no room for those plans (eviction
         still ranks by the rest of the last one)."""
         elapsed = self._clock - self._made_at
-        self._score(layer, routed, elapsed)
+        self._score(layer, elapsed)
         stride, replans_between = self._look_ahead_rule()
         if elapsed >= stride:
             self._made = self._call(layer, hidden, routed)
@@ -516,8 +517,9 @@ class SeqMoEPolicy(BeladyPolicy):
         made = self._forecasts(layer, probs)
         self.remember(made.where((made.horizon >= reply.start) & (made.horizon < reply.stop)), reached)
 
-    def _score(self, layer: int, routed: torch.Tensor, elapsed: int) -> None:
-        """Tell ``reliability`` how the last call's forecast of this run of ``layer`` turned out."""
+    def _score(self, layer: int, elapsed: int) -> None:
+        """Tell ``reliability`` how the last call's forecast of this run of ``layer`` turned out
+        (the experts its ``observe`` heard)."""
         if self._raw is None or not 0 < elapsed <= len(self._raw) or self._targets[elapsed - 1] != layer:
             return
         self.reliability.score(self._raw[elapsed - 1], self._routed)
