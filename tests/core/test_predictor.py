@@ -337,6 +337,21 @@ def test_recall_by_horizon_on_a_hand_made_trace() -> None:
     assert result["methods"]["prev"]["precision@k"] == result["methods"]["prev"]["recall@k"]
 
 
+def test_prev_guesses_from_the_last_run_of_the_target_layer_known_when_forecasting() -> None:
+    """A horizon past the next token's same layer (a predictor trained with a horizon above the
+    layer count) must not read a run that comes after the forecast: tokens here come in pairs that
+    route alike, so the token right before the target knows its pair, the runs known do not."""
+    experts = torch.tensor([[0], [1], [0], [1], [2], [3], [2], [3]])  # 4 tokens x 2 layers, top-1
+    target = torch.tensor([[p + h if p + h < 8 else -1 for h in (1, 2, 3)] for p in range(8)])
+    positions = Positions(hidden=torch.zeros(8, 1), layer=torch.tensor([0, 1] * 4), experts=experts,
+                          document=torch.zeros(8, dtype=torch.long), target=target, num_layers=2, num_experts=4)
+    frequency = torch.tensor([[0.1, 0.1, 0.1, 0.7], [0.1, 0.1, 0.7, 0.1]])
+    result = evaluate(positions, {"prev": previous_token_scorer(frequency, positions)})
+    # Horizon 3 from p reaches p + 3; the target layer's last known run is p + 3 - 4 (-1 for p0: freq).
+    # p0 -> 1 (freq: 2), p1 -> 2 (p0: 0), p2 -> 3 (p1: 1), p3 -> 2 (p2: 0), p4 -> 3 (p3: 1): none.
+    assert result["methods"]["prev"]["recall@k"][2] == 0.0
+
+
 def test_positions_wrap_into_the_next_token_but_not_the_next_document(traced: tuple[Path, Path]) -> None:
     traces = read_traces(traced[1])
     positions = positions_of(traces, horizon=4)

@@ -95,12 +95,16 @@ def frequency_scorer(frequency: torch.Tensor, positions: Positions) -> Scorer:
 
 def previous_token_scorer(frequency: torch.Tensor, positions: Positions) -> Scorer:
     layers = positions.num_layers
+    horizons = torch.arange(1, positions.horizon + 1)
+    # The target layer's last run known when the forecast is made: a token back for a horizon
+    # within the token, two for one reaching into the token after next, and so on.
+    back = layers * ((horizons + layers - 1) // layers)
 
     def score(batch: torch.Tensor) -> torch.Tensor:
         target = positions.target[batch]
-        target_layer = (positions.layer[batch].unsqueeze(1) + torch.arange(1, positions.horizon + 1)) % layers
+        target_layer = (positions.layer[batch].unsqueeze(1) + horizons) % layers
         scores = frequency[target_layer] * 1e-3
-        previous = target - layers
+        previous = target - back
         same_document = positions.document[previous.clamp(min=0)] == positions.document[target.clamp(min=0)]
         known = (target >= 0) & (previous >= 0) & same_document
         chosen = positions.experts[previous.clamp(min=0)].long()
