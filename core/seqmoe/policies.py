@@ -221,6 +221,9 @@ class Policy:
         return (divmod(index, self.num_experts) for index in ranked.tolist())
 
 
+NO_FORECASTS = Forecasts.of([])
+
+
 def flat_indices(keys: Sequence[ExpertKey], num_experts: int) -> np.ndarray:
     """``layer * num_experts + expert`` of each key, as the policies' tables are laid out."""
     return np.array([layer * num_experts + expert for layer, expert in keys], dtype=np.int64)
@@ -359,6 +362,8 @@ class BeladyPolicy(Policy):
         # (a predictor trained with a horizon above the layer count) names a layer twice, and the
         # later run's probability must not stand for the next one's: the nearest horizon's is kept.
         made = Forecasts.of(forecasts)
+        if not len(made) and not layers and not self._forecast_rows.any():
+            return  # nothing forecast, as before: a layer past the forecast's end costs no table
         if len(made) and made.horizon.max() > self.num_layers:
             nearest_first = np.argsort(made.horizon, kind="stable")
             _, first = np.unique(made.flat(self.num_experts)[nearest_first], return_index=True)
@@ -426,7 +431,7 @@ class SeqMoEPolicy(BeladyPolicy):
         self._stall_seconds = 0.0
         self._plan_seconds = 0.0
         self._link_load = math.inf
-        self._made = Forecasts.of([])
+        self._made = NO_FORECASTS
         self._made_at = -(10**9)
         self._targets: list[int] = []
         """The target layer of each horizon of the last call."""
@@ -497,13 +502,13 @@ class SeqMoEPolicy(BeladyPolicy):
         if elapsed >= stride:
             self._made = self._call(layer, hidden, routed)
             self._made_at, elapsed = self._clock, 0
-        forecasts = self._made.later(elapsed)
+        forecasts = self._made.later(elapsed) if elapsed < len(self._targets) else NO_FORECASTS
         self.remember(forecasts, set(self._targets[elapsed:]))
         if self.reuse is not None and layer == self.num_layers - 1:
             self._tokens_since_reuse += 1
             if self._tokens_since_reuse >= self.reuse_stride:
                 self._forecast_reuse(hidden)
-        return forecasts if elapsed == 0 or replans_between else Forecasts.of([])
+        return forecasts if elapsed == 0 or replans_between else NO_FORECASTS
 
     def look_past_prompt(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> None:
         # Prefill streams every layer's routed experts in turn and keeps evicting the layers it
