@@ -156,7 +156,8 @@ class ExpertCache:
         # evicts one of its own experts to load another.
         found = [self._pin_resident((layer, expert)) for expert in experts]
         missed = [expert for expert, slot in zip(experts, found) if slot is None]
-        late = [expert for expert, slot in zip(experts, found) if slot is not None and not self._landed(slot)]
+        # Found on their way: the cache has just settled the copies that landed (``_settle_queued``).
+        late = [e for e, slot in zip(experts, found) if slot is not None and self.pool.state(slot) is SlotState.LOADING]
         pinned = [slot for slot in found if slot is not None]
         try:
             slots = []
@@ -191,12 +192,6 @@ class ExpertCache:
         if self.events.active:
             self._report(layer, stalls)
         return slots
-
-    def _landed(self, slot: int) -> bool:
-        """Whether the slot's expert is there, not on its way (the cache has just settled the
-        copies that landed: ``_settle_queued``)."""
-        job = self.pool.job[slot]
-        return job is None or job.state is JobState.DONE
 
     def _pin_resident(self, key: ExpertKey) -> int | None:
         """Pin the slot that holds (or is receiving) ``key``; ``None`` if it is not there."""
@@ -266,7 +261,7 @@ class ExpertCache:
                 # A copy that has not landed (its write failed, or the wait for another did) stays
                 # on the books of copies on their way: its slot is no victim until it lands.
                 job = self.pool.job[slot]
-                if job is not None and job.state is not JobState.DONE:
+                if job is not None and self.pool.state(slot) is SlotState.LOADING:
                     self._queued[job.key] = job
             self.release(slots)
 

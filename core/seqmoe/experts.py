@@ -125,9 +125,11 @@ class OffloadedLayer:
             plans: list[Callable[[], None]] = []
 
             def look_ahead() -> None:
-                plans.append(self._forecast(hidden, index, prefill))
+                plan = self._forecast(hidden, index, prefill)
                 if self.cache.copier.blocks_host:
-                    plans.pop()()
+                    plan()
+                else:
+                    plans.append(plan)
 
             slots = self.cache.acquire(self.layer, needed, prefill, look_ahead)
             try:
