@@ -4,10 +4,10 @@ Each conversation becomes one paragraph of alternating user/assistant lines, cut
 user turn (the format `seqmoe trace --chat` reads), so tracing covers both the prefill of
 the history and the greedy continuation of the assistant's reply. Calibration text comes
 from the test split, held-out text from the validation split: no conversation is in both.
-``--predictor-text FILE`` also writes every test-split conversation (cut elsewhere): the text
-the bundled demo predictor was trained on, traced with ``seqmoe trace --chat --every-turn`` (not
-shipped: made from the corpus). Every turn is a reply to learn from, and the reuse forecast
-learns only from replies.
+``--predictor-text FILE`` also writes every conversation of both splits but the held-out ones
+(cut elsewhere): the text the bundled demo predictor was trained on, traced with ``seqmoe trace
+--chat --every-turn`` (not shipped: made from the corpus). Every turn is a reply to learn from,
+and the reuse forecast learns only from replies.
 
     python tools/make_calibration_text.py [--data ../shared/data/corpus] [--predictor-text FILE]
 """
@@ -20,6 +20,8 @@ import random
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+HELD_OUT, HELD_OUT_SEED = 120, 2
+"""The validation split's conversations kept for evaluation: no predictor learns from them."""
 
 
 def conversations(csv_file: Path) -> list[list[str]]:
@@ -33,12 +35,17 @@ def conversations(csv_file: Path) -> list[list[str]]:
     return result
 
 
+def chosen(convs: list[list[str]], count: int, seed: int) -> tuple[list[list[str]], random.Random]:
+    """``count`` of ``convs`` drawn with ``seed``, and the generator that drew them, to cut them."""
+    rng = random.Random(seed)
+    return rng.sample(convs, min(count, len(convs))), rng
+
+
 def paragraphs(convs: list[list[str]], count: int, seed: int) -> str:
     """``count`` conversations, each cut after a random user turn."""
-    rng = random.Random(seed)
-    chosen = rng.sample(convs, min(count, len(convs)))
+    picked, rng = chosen(convs, count, seed)
     out = []
-    for turns in chosen:
+    for turns in picked:
         # An odd number of turns ends with the user's line, leaving the assistant to answer.
         cut = rng.randrange(1, min(len(turns), 13) + 1, 2)
         out.append("\n".join(turns[:cut]))
@@ -55,9 +62,12 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     test = conversations(source / "Synthetic-Persona-Chat_test.csv")
     (out / "chat.txt").write_text(paragraphs(test, 300, 1))
-    (out / "heldout-chat.txt").write_text(paragraphs(conversations(source / "Synthetic-Persona-Chat_valid.csv"), 120, 2))
+    valid = conversations(source / "Synthetic-Persona-Chat_valid.csv")
+    (out / "heldout-chat.txt").write_text(paragraphs(valid, HELD_OUT, HELD_OUT_SEED))
     if args.predictor_text:
-        args.predictor_text.write_text(paragraphs(test, len(test), 3))
+        held_out = {id(turns) for turns in chosen(valid, HELD_OUT, HELD_OUT_SEED)[0]}
+        learnable = test + [turns for turns in valid if id(turns) not in held_out]
+        args.predictor_text.write_text(paragraphs(learnable, len(learnable), 3))
 
 
 if __name__ == "__main__":
