@@ -41,9 +41,8 @@ def chosen(convs: list[list[str]], count: int, seed: int) -> tuple[list[list[str
     return rng.sample(convs, min(count, len(convs))), rng
 
 
-def paragraphs(convs: list[list[str]], count: int, seed: int) -> str:
-    """``count`` conversations, each cut after a random user turn."""
-    picked, rng = chosen(convs, count, seed)
+def paragraphs(picked: list[list[str]], rng: random.Random) -> str:
+    """The ``picked`` conversations, each cut after a user turn drawn with ``rng``."""
     out = []
     for turns in picked:
         # An odd number of turns ends with the user's line, leaving the assistant to answer.
@@ -61,13 +60,14 @@ def main() -> None:
     out = ROOT / "resources" / "calibration"
     out.mkdir(parents=True, exist_ok=True)
     test = conversations(source / "Synthetic-Persona-Chat_test.csv")
-    (out / "chat.txt").write_text(paragraphs(test, 300, 1))
+    (out / "chat.txt").write_text(paragraphs(*chosen(test, 300, 1)))
     valid = conversations(source / "Synthetic-Persona-Chat_valid.csv")
-    (out / "heldout-chat.txt").write_text(paragraphs(valid, HELD_OUT, HELD_OUT_SEED))
+    held_out, rng = chosen(valid, HELD_OUT, HELD_OUT_SEED)
+    (out / "heldout-chat.txt").write_text(paragraphs(held_out, rng))
     if args.predictor_text:
-        held_out = {id(turns) for turns in chosen(valid, HELD_OUT, HELD_OUT_SEED)[0]}
-        learnable = test + [turns for turns in valid if id(turns) not in held_out]
-        args.predictor_text.write_text(paragraphs(learnable, len(learnable), 3))
+        held_out_ids = {id(turns) for turns in held_out}
+        learnable = test + [turns for turns in valid if id(turns) not in held_out_ids]
+        args.predictor_text.write_text(paragraphs(*chosen(learnable, len(learnable), 3)))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,11 @@ class LayerRouted:
     prefill: bool
     late: tuple[int, ...] = ()
 
+    @property
+    def hits(self) -> int:
+        """The experts found ready in their slots."""
+        return len(self.experts) - len(self.missed) - len(self.late)
+
 
 @dataclass(frozen=True)
 class ExpertsForecast:

@@ -247,7 +247,7 @@ class TelemetryModel:
             self._new_generation()
         self._in_prefill = event.prefill
         counters = self.counters
-        counters.hits += len(event.experts) - len(event.missed) - len(event.late)
+        counters.hits += event.hits
         counters.late += len(event.late)
         counters.misses += len(event.missed)
         layer = event.layer
@@ -257,14 +257,13 @@ class TelemetryModel:
             if key in self._outstanding:
                 self._outstanding.discard(key)
                 counters.prefetch_used += 1
-        if not event.prefill:
-            counters.decode_hits += len(event.experts) - len(event.missed) - len(event.late)
-            counters.decode_late += len(event.late)
-            counters.decode_misses += len(event.missed)
         if event.prefill:
             # Prefill streams whole layers instead of forecasting; what was forecast before is void.
             self._pending.clear()
             return
+        counters.decode_hits += event.hits
+        counters.decode_late += len(event.late)
+        counters.decode_misses += len(event.missed)
         self.routed[layer] = event.experts
         forecasts = self._pending.pop(layer, {})
         self.predicted[layer] = 0.0 if forecasts else np.nan
