@@ -194,9 +194,11 @@ class EngineWorker(QObject):
         self._open = opener
         self._engine: Engine | None = None
         self._info: ModelInfo | None = None
-        # Written by the GUI thread, read here: an int assignment and a set's add are atomic.
+        # Written by the GUI thread, read here: an int assignment is atomic, and the set of single
+        # cancels is changed under its lock (this thread drops the ones of requests handled).
         self._cancelled_through = 0
         self._cancelled_ids: set[int] = set()
+        self._cancels_lock = threading.Lock()
         # Event listeners follow the engine across loads; the lock is held only to swap the
         # engine or a listener, never while the engine works.
         self._lock = threading.Lock()
@@ -219,7 +221,8 @@ class EngineWorker(QObject):
     def cancel(self, request_id: int) -> None:
         """Cancel ``request_id`` alone (a reply stopped: a load it waits for goes on). Safe to
         call from any thread."""
-        self._cancelled_ids.add(request_id)
+        with self._cancels_lock:
+            self._cancelled_ids.add(request_id)
 
     def cancel_through(self, request_id: int) -> None:
         """Cancel ``request_id`` and every earlier request (a load given up, the app closing).
@@ -229,12 +232,19 @@ class EngineWorker(QObject):
     def _cancelled(self, request_id: int) -> bool:
         return request_id <= self._cancelled_through or request_id in self._cancelled_ids
 
+    def _begin(self, request_id: int) -> None:
+        """Forget the cancels of the requests before ``request_id``: requests arrive in the order of
+        their ids, so those are handled (a Stop pressed as its reply ended would stay otherwise)."""
+        with self._cancels_lock:
+            self._cancelled_ids = {cancelled for cancelled in self._cancelled_ids if cancelled >= request_id}
+
     @Slot(int, str, object)
     def load(self, request_id: int, model: str, options: EngineOptions) -> None:
         """Replace the loaded model by ``model``. One refused by the checks that take no memory
         (no such folder, not an MoE, remote code) leaves the model loaded before as it was, and
         ``sig_load_failed`` says it stayed; after those checks it goes, to give its memory back.
         A load given up lets it go too: the app let it go when asking for this one."""
+        self._begin(request_id)
         if self._cancelled(request_id):
             self._close()
             self.sig_load_cancelled.emit(request_id)
@@ -300,6 +310,7 @@ class EngineWorker(QObject):
 
     @Slot(int, object, object)
     def generate(self, request_id: int, messages: Messages, sampling: SamplingSettings) -> None:
+        self._begin(request_id)
         if self._cancelled(request_id):
             return
         if self._engine is None or self._info is None:

@@ -25,7 +25,7 @@ from .errors import SeqMoEError
 from .events import EventBuffer, EventBus, LayerRouted
 from .hardware import SETUPS
 from .policies import ORACLES
-from .stats import GenerationStats
+from .stats import GenerationStats, hits_share, late_share
 from .user_files import writing
 
 BUILT_IN_PROMPTS = [
@@ -59,21 +59,21 @@ class Totals:
 
     def as_dict(self) -> dict[str, float]:
         tokens = max(self.total("tokens"), 1)
-        decode_accesses = self.total("decode_hits") + self.total("decode_late") + self.total("decode_misses")
-        prefill_accesses = self.total("prefill_hits") + self.total("prefill_late") + self.total("prefill_misses")
+        decode = self.total("decode_hits"), self.total("decode_late"), self.total("decode_misses")
+        prefill = self.total("prefill_hits"), self.total("prefill_late"), self.total("prefill_misses")
         issued = self.total("prefetch_issued")
         return {
             "tokens": int(self.total("tokens")),
             "tokens_per_s": self.tokens_per_s,
-            "hit_rate": self.total("decode_hits") / decode_accesses if decode_accesses else 1.0,
-            "late_rate": self.total("decode_late") / decode_accesses if decode_accesses else 0.0,
+            "hit_rate": hits_share(*decode, empty=1.0),
+            "late_rate": late_share(*decode, empty=0.0),
             "stall_seconds_per_token": self.total("decode_stall_seconds") / max(self.decode_tokens, 1),
             "h2d_bytes_per_token": self.total("h2d_bytes") / tokens,
             "decode_h2d_bytes_per_token": self.total("decode_h2d_bytes") / max(self.decode_tokens, 1),
             "prefill_h2d_bytes": int(self.total("prefill_h2d_bytes")),
             "unused_prefetch_fraction": self.total("prefetch_unused") / issued if issued else 0.0,
             "prefill_tokens_per_s": self.total("prompt_tokens") / max(self.total("time_to_first_token"), 1e-9),
-            "prefill_hit_rate": self.total("prefill_hits") / prefill_accesses if prefill_accesses else 1.0,
+            "prefill_hit_rate": hits_share(*prefill, empty=1.0),
             "prefill_stall_seconds": self.total("prefill_stall_seconds"),
         }
 

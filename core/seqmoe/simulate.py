@@ -26,6 +26,7 @@ from .hardware import Hardware, ModelShape
 from .policies import ORACLE_NEXT, ORACLES, GatePolicy, LRUPolicy, OraclePolicy, Policy, SeqMoEPolicy
 from .predictor.model import ExpertPredictor
 from .routers import RouterLogits
+from .stats import hits_share, late_share
 from .store import ExpertLayout
 from .trace import Traces, document_runs
 from .transfer import CopyJob, ExpertKey, ModelledLane
@@ -109,8 +110,8 @@ class SimulationResult:
             "tokens": self.decode_tokens,
             "tokens_per_s": self.decode_tokens / self.seconds if self.seconds else 0.0,
             "ratio_to_full": self.full_seconds / self.seconds if self.seconds else 1.0,
-            "hit_rate": self.hits / max(self.hits + self.late + self.misses, 1),
-            "late_rate": self.late / max(self.hits + self.late + self.misses, 1),
+            "hit_rate": hits_share(self.hits, self.late, self.misses, empty=1.0),
+            "late_rate": late_share(self.hits, self.late, self.misses, empty=0.0),
             "stall_seconds_per_token": self.stall_seconds / tokens,
             "h2d_bytes_per_token": self.h2d_bytes / tokens,
             "unused_prefetch_fraction": self.prefetch_unused / self.prefetch_issued if self.prefetch_issued else 0.0,

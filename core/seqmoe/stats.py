@@ -3,6 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TypeVar
+
+
+Empty = TypeVar("Empty", float, None)
+
+
+def hits_share(hits: float, late: float, misses: float, empty: Empty) -> float | Empty:
+    """The share of the experts the layers used that were ready in their slots when asked for:
+    neither on their way (``late``) nor copied then (``misses``); ``empty`` if none was used."""
+    accesses = hits + late + misses
+    return hits / accesses if accesses else empty
+
+
+def late_share(hits: float, late: float, misses: float, empty: Empty) -> float | Empty:
+    """The share of the experts the layers used that were still on their way when asked for."""
+    accesses = hits + late + misses
+    return late / accesses if accesses else empty
 
 
 @dataclass
@@ -60,14 +77,12 @@ class GenerationStats:
 
     @property
     def hit_rate(self) -> float:
-        """The share of the experts the layers used that were ready in their slots when asked for."""
-        accesses = self.hits + self.late + self.misses
-        return self.hits / accesses if accesses else 1.0
+        """``hits_share`` of the prompt and the reply; 1 when no expert was used (nothing was missed)."""
+        return hits_share(self.hits, self.late, self.misses, empty=1.0)
 
     @property
     def decode_hit_rate(self) -> float:
-        accesses = self.decode_hits + self.decode_late + self.decode_misses
-        return self.decode_hits / accesses if accesses else 1.0
+        return hits_share(self.decode_hits, self.decode_late, self.decode_misses, empty=1.0)
 
     @property
     def unused_prefetch_fraction(self) -> float:

@@ -70,6 +70,21 @@ def test_stop_takes_effect_within_one_token(worker: EngineWorker, tiny_model: Pa
     assert len(recorder.of("sig_reply_finished")) == 1 and not recorder.of("sig_reply_failed")
 
 
+def test_stops_are_forgotten_once_their_replies_are_handled(worker: EngineWorker, tiny_model: Path) -> None:
+    recorder = Recorder(worker)
+    worker.load(1, str(tiny_model), EngineOptions())
+    short = SamplingSettings(temperature=0.0, max_new_tokens=1)
+    for request_id in range(2, 7):
+        worker.generate(request_id, [{"role": "user", "content": "Hi"}], short)
+        worker.cancel(request_id)  # Stop pressed as the reply ended
+    worker.cancel(8)  # a reply queued behind the next one, stopped before its turn
+    worker.generate(7, [{"role": "user", "content": "Hi"}], short)
+    worker.generate(8, [{"role": "user", "content": "Hi"}], short)
+    finished = recorder.of("sig_reply_finished")
+    assert [request_id for request_id, _ in finished] == [2, 3, 4, 5, 6, 7] and not finished[-1][1].stopped
+    assert worker._cancelled_ids == {8}  # one entry per Stop would grow for as long as the app runs
+
+
 def test_loading_can_be_cancelled_between_stages(worker: EngineWorker, tiny_model: Path) -> None:
     recorder = Recorder(worker)
     worker.sig_load_progressed.connect(lambda request_id, stage, fraction: fraction >= 0.1 and worker.cancel(request_id))
