@@ -120,12 +120,13 @@ def time_copies(shape: str, device: torch.device, repeats: int = 20) -> CopyTime
 
 
 def _median_seconds(work: Callable[[], None], device: torch.device, repeats: int) -> float:
-    """On CUDA, timed with events on a side stream, as the copier's copies run."""
-    work()
+    """After a warm-up, on CUDA timed with events on a side stream, as the copier's copies run."""
     samples = []
     if device.type == "cuda":
         stream = torch.cuda.Stream(device=device)
         with torch.cuda.stream(stream):
+            # On the stream timed: on another, nothing orders the first sample after it.
+            work()
             for _ in range(repeats):
                 began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 began.record(stream)
@@ -134,6 +135,7 @@ def _median_seconds(work: Callable[[], None], device: torch.device, repeats: int
                 ended.synchronize()
                 samples.append(began.elapsed_time(ended) / 1e3)
     else:
+        work()
         for _ in range(repeats):
             start = time.perf_counter()
             work()
