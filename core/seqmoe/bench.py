@@ -26,7 +26,7 @@ from .events import EventBuffer, EventBus, LayerRouted
 from .hardware import SETUPS
 from .policies import ORACLES
 from .stats import GenerationStats, hits_share, late_share
-from .user_files import writing
+from .user_files import replacing, writing
 
 BUILT_IN_PROMPTS = [
     "Hi! What do you like to do on weekends?",
@@ -355,8 +355,9 @@ def plot(rows: list[BenchRow], bounds: list[CopyBound], path: Path, title: str) 
     axes.set_title(wrapped(title), fontsize=8, parse_math=False)  # a path's "$" is no formula
     axes.legend()
     figure.tight_layout()
-    with writing(path):
+    with writing(path), replacing(path) as partial:
+        path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            figure.savefig(path, dpi=120)
+            figure.savefig(partial, dpi=120, format=path.suffix[1:].lower())
         except ValueError as error:  # what matplotlib cannot draw or encode, in a message of several lines
             raise SeqMoEError(f"cannot write {path}: {' '.join(str(error).split())}") from None

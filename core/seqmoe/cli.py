@@ -46,13 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="compare cache policies' decode speed against full residency")
     add_model_arguments(bench)  # its own --policies and --cache-ratios size the caches
-    bench.add_argument("--prompts", type=Path, help="one prompt per line (default: a few built-in chat prompts)")
+    bench.add_argument("--prompts", type=_path, help="one prompt per line (default: a few built-in chat prompts)")
     bench.add_argument("--max-new-tokens", type=int, default=64)
     bench.add_argument("--policies", default="lru,gate,seqmoe,oracle", help="comma-separated policies to compare with full")
     bench.add_argument("--cache-ratios", default="0.45", help="comma-separated cache ratios")
     bench.add_argument("--setup", choices=sorted(SETUPS), default=DEFAULT_SETUP,
                        help="consumer setup whose transfer/compute ratio sets the emulated link speed (without --link-gbps)")
-    bench.add_argument("--plot", type=Path,
+    bench.add_argument("--plot", type=_path,
                        help="write a .png, .pdf or .svg of throughput relative to full (needs matplotlib)")
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
     bench.add_argument("--event-overhead", action="store_true",
@@ -62,13 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(trace)
     add_cache_arguments(trace)
     add_text_arguments(trace)
-    trace.add_argument("--out", type=Path, required=True, help="folder for the trace shards and manifest")
+    trace.add_argument("--out", type=_path, required=True, help="folder for the trace shards and manifest")
     trace.add_argument("--every-turn", action="store_true",
                        help="with --chat, trace each conversation once per user turn (the model replies to every turn)")
 
     train = commands.add_parser("train-predictor", help="train the SeqMoE predictor on routing traces")
-    train.add_argument("--traces", type=Path, required=True)
-    train.add_argument("--out", type=Path, required=True, help="predictor file (.safetensors; a .json config goes beside it)")
+    train.add_argument("--traces", type=_path, required=True)
+    train.add_argument("--out", type=_path, required=True, help="predictor file (.safetensors; a .json config goes beside it)")
     train.add_argument("--horizon", type=_positive, default=8, help="how many MoE layers ahead to forecast")
     train.add_argument("--epochs", type=_positive, default=15)
     train.add_argument("--width", type=_positive, default=192, help="the predictor's model width")
@@ -77,12 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(evaluate)
     add_cache_arguments(evaluate)
     add_text_arguments(evaluate)
-    evaluate.add_argument("--predictor", type=Path, help="predictor file (default: the calibrated or bundled one)")
+    evaluate.add_argument("--predictor", type=_path, help="predictor file (default: the calibrated or bundled one)")
     evaluate.add_argument("--horizon", type=_positive, help="horizons to report (default: the predictor's)")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object to stdout")
 
     simulate = commands.add_parser("simulate", help="replay routing traces on a virtual GPU, link and model shape")
-    simulate.add_argument("--traces", type=Path, required=True)
+    simulate.add_argument("--traces", type=_path, required=True)
     simulate.add_argument("--profile", default="rtx4090-pcie4", help="hardware profile: " + ", ".join(HARDWARE))
     simulate.add_argument("--shape", default="olmoe", help="model shape for byte sizes: " + ", ".join(SHAPES))
     simulate.add_argument("--policies", default="lru,seqmoe,oracle",
@@ -93,20 +93,31 @@ def build_parser() -> argparse.ArgumentParser:
                           help="share of an expert's bytes a copy moves (default 1: raw copies; the engine packs "
                                "bf16 experts, 75%% of their bytes on the demo model: 0.75)")
     simulate.add_argument("--cache-ratios", default="0.2,0.3,0.45,0.6,0.8")
-    simulate.add_argument("--predictor", type=Path,
+    simulate.add_argument("--predictor", type=_path,
                           help="predictor file for the seqmoe policy (default: the calibrated or bundled one for the traced model)")
-    simulate.add_argument("--model", help="the traced model's folder or hub id, whose routers the gate policy applies "
+    simulate.add_argument("--model", type=_named, help="the traced model's folder or hub id, whose routers the gate policy applies "
                                           "(default: the bundled demo model)")
     simulate.add_argument("--json", action="store_true")
 
     calibrate = commands.add_parser("calibrate", help="trace the calibration text and train this model's predictor")
     add_model_arguments(calibrate)
     add_cache_arguments(calibrate)
-    calibrate.add_argument("--text", type=Path, help="calibration text (default: the one shipped in resources/)")
+    calibrate.add_argument("--text", type=_path, help="calibration text (default: the one shipped in resources/)")
     calibrate.add_argument("--epochs", type=_positive, default=15)
     calibrate.add_argument("--tokens", type=_positive, default=CALIBRATION_TOKENS,
                            help=f"tokens to trace (default {CALIBRATION_TOKENS}); more take longer and predict better")
     return parser
+
+
+def _named(text: str) -> str:
+    """A model or file name: an empty one would read as the default, or as the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("give a name, not an empty string")
+    return text
+
+
+def _path(text: str) -> Path:
+    return Path(_named(text))
 
 
 def _positive(text: str) -> int:
@@ -132,7 +143,7 @@ def _whole_at_least(text: str, least: int, expected: str) -> int:
 
 
 def add_text_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--text", type=Path, required=True, help="UTF-8 text; blank lines separate documents")
+    parser.add_argument("--text", type=_path, required=True, help="UTF-8 text; blank lines separate documents")
     parser.add_argument("--chat", action="store_true", help="each document's lines are alternating user/assistant turns")
     parser.add_argument("--max-tokens", type=_positive, help="stop after this many traced tokens")
     parser.add_argument("--continuation", type=_whole, default=48, help="greedy tokens generated after each document")
@@ -140,7 +151,7 @@ def add_text_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags shared by every command that runs a model."""
-    parser.add_argument("--model", default=None, help="local folder or hub id (default: the bundled demo model)")
+    parser.add_argument("--model", type=_named, default=None, help="local folder or hub id (default: the bundled demo model)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--link-gbps", type=float,
                         help="emulated host-to-device link speed in GB/s (default: 25, or bench's --setup)")
@@ -488,6 +499,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SeqMoEError as error:
         print(f"seqmoe: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl+C: what the command writes is cleaned up on the way out
+        print("seqmoe: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from torch import nn
 from transformers import (
@@ -155,6 +156,8 @@ def read_config(path: Path) -> PretrainedConfig:
         raw = json.loads(config_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ModelRefused(f"{config_file} is not valid JSON: {error}") from None
+    except OSError as error:
+        raise ModelRefused(f"{config_file} cannot be read: {error.strerror or error}") from None
     if not isinstance(raw, dict):
         raise ModelRefused(f"{config_file} is not a model config (a JSON object)")
     # A model may ship its own code (auto_map) for an architecture that transformers now
@@ -171,6 +174,8 @@ def read_config(path: Path) -> PretrainedConfig:
             )
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except StrictDataclassError as error:  # a field of the wrong type, checked by the config class
+        raise ModelRefused(f"{config_file} has a value transformers refuses: {' '.join(str(error).split())}") from None
     except (ValueError, KeyError) as error:
         model_type = raw.get("model_type", "unknown")
         raise ModelRefused(
@@ -365,8 +370,12 @@ def _weights_and_remedy(name: str, need: int, dtype: str | None) -> tuple[str, s
 
 def _read_safetensors_header(file: Path) -> dict[str, list[int]]:
     """Each stored tensor's shape, refused if the file is truncated or its header corrupt."""
-    size = file.stat().st_size
-    with file.open("rb") as handle:
+    try:
+        size = file.stat().st_size
+        handle = file.open("rb")
+    except OSError as error:
+        raise ModelRefused(f"weight file {file.name} cannot be read: {error.strerror or error}") from None
+    with handle:
         head = handle.read(8)
         if len(head) < 8:
             raise ModelRefused(f"weight file {file.name} is truncated ({size} bytes)")

@@ -367,10 +367,12 @@ def read_traces(folder: Path) -> Traces:
         raise SeqMoEError(f"{manifest_file} cannot be read: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
         raise SeqMoEError(f"{folder} holds traces of an unknown format or version")
-    listed = manifest.get("shards")
-    if not isinstance(manifest.get("model"), dict) or not isinstance(listed, list) or not listed or not all(
+    listed, model = manifest.get("shards"), manifest.get("model")
+    if not isinstance(model, dict) or not isinstance(listed, list) or not listed or not all(
         isinstance(shard, dict) and isinstance(shard.get("file"), str) and isinstance(shard.get("tokens"), int)
         for shard in listed
+    ) or not all(isinstance(model.get(key), str) for key in ("name", "config_sha256")) or not all(
+        _count(model.get(key)) for key in ("moe_layers", "num_experts", "top_k", "hidden_size")
     ):
         raise SeqMoEError(f"{manifest_file} is damaged: it lacks the traced model or the list of shards; trace again")
     shards = []
@@ -382,5 +384,34 @@ def read_traces(folder: Path) -> Traces:
         if not SHARD_KEYS <= tensors.keys() or tensors["document"].shape[0] != shard["tokens"]:
             raise SeqMoEError(f"trace shard {folder / shard['file']} is not the one {manifest_file.name} lists; trace again")
         shards.append(tensors)
-    joined = {key: torch.cat([s[key] for s in shards]) for key in shards[0]}
+    try:
+        joined = {key: torch.cat([s[key] for s in shards]) for key in shards[0]}
+    except RuntimeError:  # shards whose tensors do not line up
+        joined = {}
+    if not _fits(joined, model):
+        raise SeqMoEError(f"the trace shards in {folder} do not hold the shapes of the model {manifest_file.name} names; trace again")
     return Traces(manifest=manifest, **joined)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _fits(tensors: dict[str, torch.Tensor], model: dict[str, object]) -> bool:
+    """Whether the joined shard tensors have the shapes, kinds and expert ids of the traced model."""
+    if not tensors:
+        return False
+    tokens, layers, experts = tensors["document"].shape[0], model["moe_layers"], model["num_experts"]
+    shapes = {
+        "hidden": (tokens, layers, model["hidden_size"]),
+        "experts": (tokens, layers, model["top_k"]),
+        "probs": (tokens, layers, experts),
+        "decode": (tokens,),
+        "paragraph": (tokens,),
+    }
+    if any(key in tensors and tuple(tensors[key].shape) != shape for key, shape in shapes.items()):
+        return False
+    routed = tensors["experts"]
+    return not routed.is_floating_point() and not routed.is_complex() and (
+        routed.numel() == 0 or (int(routed.min()) >= 0 and int(routed.max()) < experts)
+    )

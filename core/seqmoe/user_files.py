@@ -27,8 +27,9 @@ def read_text(path: Path, what: str = "") -> str:
 
 def check_output(path: Path, flag: str, folder: bool = False, suffixes: tuple[str, ...] = ()) -> Path:
     """Refuse ``path`` (given with ``flag``) if a file (or with ``folder``, a folder) cannot be
-    written there, or if its name ends in none of ``suffixes`` (when given); the folders it needs
-    are made."""
+    written there, or if its name ends in none of ``suffixes`` (when given). The folders it needs
+    are made to try, and for a file removed again: its writer makes them when it writes, so a
+    command that fails first leaves no empty folders behind."""
     if suffixes and path.suffix.lower() not in suffixes:
         raise SeqMoEError(f"{flag} {path}: give a file name ending in {', '.join(suffixes)}")
     if folder and path.exists() and not path.is_dir():
@@ -36,6 +37,7 @@ def check_output(path: Path, flag: str, folder: bool = False, suffixes: tuple[st
     if not folder and path.is_dir():
         raise SeqMoEError(f"{flag} {path} is a folder; give a file name")
     where = path if folder else path.parent
+    made = _missing_folders(where)
     try:
         where.mkdir(parents=True, exist_ok=True)
         # A file made and dropped there: permissions alone miss read-only mounts and /proc-like folders.
@@ -45,6 +47,9 @@ def check_output(path: Path, flag: str, folder: bool = False, suffixes: tuple[st
         blocking = next((folder for folder in (where, *where.parents) if folder.exists()), where)
         reason = f"{blocking} is a file, not a folder" if not blocking.is_dir() else _reason(error)
         raise SeqMoEError(f"{flag} {path}: cannot write in {where}: {reason}") from None
+    finally:
+        if not folder:
+            _remove_empty(made)
     return path
 
 
@@ -52,17 +57,29 @@ def check_output(path: Path, flag: str, folder: bool = False, suffixes: tuple[st
 def output_folder(path: Path, flag: str) -> Iterator[Path]:
     """``check_output`` of a folder to write in during the block. If the block fails, the folders
     that check made are removed again where the block left them empty."""
-    made = [folder for folder in (path, *path.parents) if not folder.exists()]  # deepest first
+    made = _missing_folders(path)
     check_output(path, flag, folder=True)
     try:
         yield path
     except BaseException:
-        for folder in made:
-            try:
-                folder.rmdir()
-            except OSError:  # not empty: the user's now, or the block's to explain
-                break
+        _remove_empty(made)
         raise
+
+
+def _missing_folders(path: Path) -> list[Path]:
+    """``path`` and its parents that do not exist yet, deepest first."""
+    return [folder for folder in (path, *path.parents) if not folder.exists()]
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) as long as they are empty."""
+    for folder in folders:
+        if not folder.is_dir():
+            continue  # never made: making its parent failed
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: someone else's now
+            break
 
 
 @contextmanager

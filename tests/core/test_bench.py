@@ -157,11 +157,12 @@ def test_a_plot_that_fails_to_draw_is_one_line(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     rows = [SimpleNamespace(policy="lru", cache_ratio=0.5, ratio_to_full=0.4)]
     # A "$" in a path of the title is text, not a formula matplotlib fails to parse.
-    plot(rows, [], tmp_path / "ok.png", r"predictor /home/a$x^$/p.safetensors")
-    assert (tmp_path / "ok.png").stat().st_size > 0
+    plot(rows, [], tmp_path / "plots" / "ok.png", r"predictor /home/a$x^$/p.safetensors")  # its folder made
+    assert (tmp_path / "plots" / "ok.png").read_bytes().startswith(b"\x89PNG")
     with pytest.raises(SeqMoEError) as refused:
         plot(rows, [], tmp_path / "bench.raw.gz", "title")  # a suffix matplotlib has no writer for
     assert "\n" not in str(refused.value) and str(refused.value).startswith(f"cannot write {tmp_path / 'bench.raw.gz'}: ")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["plots"]  # nothing half written
 
 
 def test_a_reply_that_ends_at_its_first_token_is_benched_with_the_others(mixtral_dir: Path) -> None:

@@ -91,7 +91,7 @@ def test_a_shard_that_is_not_the_one_the_manifest_lists_is_refused(traced: tuple
         read_traces(folder)
 
 
-@pytest.mark.parametrize("damage", [{"shards": []}, {"shards": None}, {"model": None}, {"shards": [{"file": 3}]}])
+@pytest.mark.parametrize("damage", [{"shards": []}, {"shards": None}, {"model": None}, {"shards": [{"file": 3}]}, {"model": {}}])
 @pytest.mark.parametrize("command", [["simulate", "--policies", "lru"], ["train-predictor", "--out", "p.safetensors"]])
 def test_a_damaged_manifest_is_refused_in_one_line(
     traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: dict, command: list[str]
@@ -115,6 +115,22 @@ def test_a_shard_without_the_tensors_of_a_trace_is_refused(traced: tuple[Path, P
     del tensors["probs"]
     save_file(tensors, str(shard))
     with pytest.raises(SeqMoEError, match="is not the one manifest.json lists"):
+        read_traces(folder)
+
+
+@pytest.mark.parametrize("damage", [
+    lambda t: t["experts"].add_(100),  # expert ids the model does not have
+    lambda t: t.update(experts=t["experts"].float()),
+    lambda t: t.update(probs=t["probs"][:, :, :-1].contiguous()),
+    lambda t: t.update(hidden=t["hidden"][:, 0].contiguous()),
+])
+def test_shard_tensors_unlike_the_traced_model_are_refused(traced: tuple[Path, Path], tmp_path: Path, damage) -> None:
+    folder = shutil.copytree(traced[1], tmp_path / "traces")
+    for shard in folder.glob("shard-*.safetensors"):
+        tensors = load_file(str(shard))
+        damage(tensors)
+        save_file(tensors, str(shard))
+    with pytest.raises(SeqMoEError, match="do not hold the shapes of the model manifest.json names"):
         read_traces(folder)
 
 
@@ -303,6 +319,19 @@ def test_a_damaged_predictor_file_is_named_in_one_line(
     assert "\n" not in str(refused.value)
     path.write_bytes(weights)
     assert load_predictor(path).config.width == 16
+
+
+def test_a_predictor_config_with_values_of_the_wrong_kind_is_refused_in_one_line(traced: tuple[Path, Path], tmp_path: Path) -> None:
+    path = tmp_path / "p.safetensors"
+    save_predictor(train_predictor(read_traces(traced[1]), TrainingOptions(epochs=1, width=16), progress=False), path)
+    config = json.loads(path.with_suffix(".json").read_text())
+    edits = [{"width": "abc"}, {"horizon": -1}, {"top_k": "2"}, {"model": 5}, {"frequency": "x"}, {"frequency": [[0.5]]},
+             {"reuse_horizons": [2, 1]}]
+    for edit in edits:
+        path.with_suffix(".json").write_text(json.dumps({**config, **edit}))
+        with pytest.raises(SeqMoEError, match="p.json is not a predictor config of this seqmoe version: ") as refused:
+            load_predictor(path)
+        assert "\n" not in str(refused.value), edit
 
 
 def test_hits_count_the_actual_experts_among_the_best_scores() -> None:

@@ -15,6 +15,7 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+import seqmoe.cli
 import seqmoe.loader
 from seqmoe import ModelRefused, load_model
 from seqmoe.cli import main
@@ -99,6 +100,29 @@ def test_a_config_transformers_cannot_build_is_refused_with_its_error(
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "hidden_act": "no-such-activation"}))
     assert_refused(capsys, folder, "cannot build a 'mixtral' model from this config.json", "no-such-activation")
+
+
+def test_a_config_value_of_the_wrong_type_is_named(capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path) -> None:
+    folder = copy_model(mixtral_dir, tmp_path / "typo")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "hidden_size": "abc"}))
+    assert_refused(capsys, folder, "config.json has a value transformers refuses", "'hidden_size'", "expected int")
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_a_file_that_cannot_be_read_is_named(
+    capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    folder = copy_model(mixtral_dir, tmp_path / "locked")
+    real_open = Path.open
+
+    def locked(self: Path, *args: object, **kwargs: object):  # as chmod 000 is for anyone but root
+        if self.name == name:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", locked)
+    assert_refused(capsys, folder, name, "cannot be read: Permission denied")
 
 
 def test_remote_code_is_refused_and_never_run(capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path) -> None:
@@ -283,6 +307,20 @@ def test_counts_below_their_least_are_refused_by_name(capsys: pytest.CaptureFixt
     assert exited.value.code == 2 and f"argument {flag}: a" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [
+    ["generate", "--prompt", "hi", "--model", ""],
+    ["simulate", "--traces", " "],
+    ["trace", "--text", "t.txt", "--out", ""],
+    ["eval-predictor", "--text", "t.txt", "--predictor", ""],
+])
+def test_an_empty_name_is_refused_not_read_as_the_default_or_this_folder(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2 and f"argument {argv[-2]}: give a name, not an empty string" in capsys.readouterr().err
+
+
 def test_a_reply_stops_where_the_context_is_full_with_the_same_tokens(
     capsys: pytest.CaptureFixture[str], mixtral_dir: Path
 ) -> None:
@@ -326,6 +364,15 @@ def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [f"seqmoe: error: no such model folder: {tmp_path / 'absent'}"]
+
+
+def test_ctrl_c_ends_a_command_in_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(_args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(seqmoe.cli.COMMANDS, "generate", interrupted)
+    assert main(["generate", "--prompt", "hi"]) == 130  # 128 + SIGINT, as shells report it
+    assert capsys.readouterr().err == "seqmoe: interrupted\n"
 
 
 def test_a_failure_in_the_models_own_code_is_one_line_and_the_engine_stays_usable(

@@ -88,6 +88,26 @@ def test_a_bench_is_not_run_for_a_plot_it_cannot_write(mixtral_dir: Path, a_file
     assert status == 2 and last_error(capsys).startswith(f"seqmoe: error: --plot {plot}: cannot write in")
 
 
+def test_a_command_that_fails_after_checking_its_output_leaves_no_folders(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "new" / "deeper" / "predictor.safetensors"
+    status = main(["train-predictor", "--traces", str(tmp_path / "absent"), "--out", str(out)])
+    assert status == 2 and "holds no traces" in last_error(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_given_for_a_predictor_file_is_refused(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(seqmoe.predictor.commands, "train_predictor", never)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train-predictor", "--traces", str(traced[1]), "--out", "."]) == 2
+    assert last_error(capsys) == "seqmoe: error: --out . is a folder; give a file name"
+    assert main(["simulate", "--traces", str(traced[1]), "--policies", "seqmoe", "--predictor", "/"]) == 2
+    assert last_error(capsys) == "seqmoe: error: no predictor at / (no such file)"
+
+
 def test_a_full_disk_while_tracing_ends_in_one_line(mixtral_dir: Path, a_file: Path, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(seqmoe.trace, "save_file", disk_full)

@@ -44,10 +44,10 @@ def run_trace(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    check_output(args.out, "--out")  # first: a folder (".") has no name to give a suffix
     if args.out.with_suffix(".json") == args.out:
         raise SeqMoEError(f"--out {args.out} is where the predictor's config goes, beside its weights; "
                           f"give the weights file, such as {args.out.with_suffix('.safetensors')}")
-    check_output(args.out, "--out")
     traces = read_traces(args.traces)
     options = TrainingOptions(horizon=args.horizon, epochs=args.epochs, width=args.width)
     try:

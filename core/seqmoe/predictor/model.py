@@ -50,6 +50,25 @@ class PredictorConfig:
     """The reuse head's horizons in tokens (see ``reuse``); empty: no head, eviction uses the rate."""
     reuse_width: int = 64
 
+    def __post_init__(self) -> None:
+        """Refuse what a damaged or hand-edited config file would hold (``ValueError``), before any
+        tensor is made from it."""
+        sizes = ("hidden_size", "num_layers", "num_experts", "top_k", "horizon", "width", "reuse_width")
+        for name in sizes:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+        if not isinstance(self.model, dict) or not isinstance(self.report, dict):
+            raise ValueError("model and report must be JSON objects")
+        if self.frequency and not (
+            len(self.frequency) == self.num_layers
+            and all(isinstance(row, list) and len(row) == self.num_experts for row in self.frequency)
+            and all(isinstance(value, (int, float)) for row in self.frequency for value in row)
+        ):
+            raise ValueError(f"frequency must be {self.num_layers} lists of {self.num_experts} numbers")
+        if not all(isinstance(runs, int) and not isinstance(runs, bool) for runs in self.reuse_horizons):
+            raise ValueError(f"reuse_horizons must be whole numbers, got {self.reuse_horizons!r}")
+
     def prior(self) -> torch.Tensor:
         """``[L, E]`` each expert's chance of use per token in the training traces, where eviction's
         usage history starts."""
@@ -163,8 +182,10 @@ def save_predictor(predictor: ExpertPredictor, path: Path) -> None:
 
 def load_predictor(path: Path, identity: dict[str, object] | None = None, device: str | torch.device = "cpu") -> ExpertPredictor:
     """Load a predictor; refuse it if ``identity`` is given and it was trained for another model."""
+    if not path.is_file():  # a folder, or no file at all (whose name may be empty: "/")
+        raise SeqMoEError(f"no predictor at {path} (no such file)")
     config_file = path.with_suffix(".json")
-    if not path.is_file() or not config_file.is_file():
+    if not config_file.is_file():
         raise SeqMoEError(f"no predictor at {path} (it needs {path.name} and {config_file.name})")
     try:
         config = PredictorConfig(**json.loads(config_file.read_text()))
@@ -179,7 +200,10 @@ def load_predictor(path: Path, identity: dict[str, object] | None = None, device
     if identity is not None and not same_model(config.model, identity):
         raise SeqMoEError(f"predictor {path.name} was trained for other weights of {identity.get('name')} (its routers "
                           "differ: the model was changed since); calibrate one for it with `seqmoe calibrate`")
-    predictor = ExpertPredictor(config)
+    try:
+        predictor = ExpertPredictor(config)
+    except ValueError as error:  # reuse horizons that are no horizons (``ReuseHead``)
+        raise SeqMoEError(f"{config_file.name} is not a predictor config of this seqmoe version: {error}") from None
     try:
         weights = load_file(str(path))
     except (OSError, SafetensorError) as error:
