@@ -136,9 +136,11 @@ class ExpertCache:
     def acquire(
         self, layer: int, experts: Sequence[int], prefill: bool, meanwhile: Callable[[], object] | None = None
     ) -> list[int]:
-        """Pin a ready slot for each of ``experts`` of MoE layer ``layer``. ``meanwhile`` runs once
+        """Pin a ready slot for each of ``experts`` (distinct) of MoE layer ``layer``. ``meanwhile`` runs once
         the copies of the missing experts are on their way, before the layer waits for them: host
         work done there (the look-ahead) overlaps the wait instead of adding to it."""
+        if len(set(experts)) != len(experts):  # two slots would hold the expert, and the books lose one
+            raise ValueError(f"layer {layer} names an expert twice: {list(experts)}")
         phase = "prefill" if prefill else "decode"
         if not prefill:
             self._time_layer()
@@ -152,14 +154,18 @@ class ExpertCache:
             # and prefill got faster, not slower.
             self._cancel_queued()
         self.policy.observe(layer, experts)
-        # The experts already there are pinned before any miss chooses a victim: a layer never
-        # evicts one of its own experts to load another.
-        found = [self._pin_resident((layer, expert)) for expert in experts]
-        missed = [expert for expert, slot in zip(experts, found) if slot is None]
-        # Found on their way: the cache has just settled the copies that landed (``_settle_queued``).
-        late = [e for e, slot in zip(experts, found) if slot is not None and self.pool.state(slot) is SlotState.LOADING]
-        pinned = [slot for slot in found if slot is not None]
+        pinned: list[int] = []
         try:
+            # The experts already there are pinned before any miss chooses a victim: a layer never
+            # evicts one of its own experts to load another.
+            found = []
+            for expert in experts:
+                found.append(self._pin_resident((layer, expert)))
+                if found[-1] is not None:
+                    pinned.append(found[-1])
+            missed = [expert for expert, slot in zip(experts, found) if slot is None]
+            # Found on their way: the cache has just settled the copies that landed (``_settle_queued``).
+            late = [e for e, slot in zip(experts, found) if slot is not None and self.pool.state(slot) is SlotState.LOADING]
             slots = []
             for expert, slot in zip(experts, found):
                 if slot is None:
@@ -308,8 +314,16 @@ class ExpertCache:
             if key not in self.pool.slot_of:
                 self._load(key, "prefill", urgent=False, slot=slot)
                 jobs.append(self.pool.job[slot])
-        for job in jobs:
-            self.copier.wait(job, "prefill")
+        try:
+            for job in jobs:
+                self.copier.wait(job, "prefill")
+        finally:
+            # A copy that has not landed (its write failed, or the wait for another did) stays on the
+            # books of copies on their way, as ``_abandon`` keeps a failed layer's: its slot is no
+            # victim until it lands, so a later copy into that slot is never overwritten by it.
+            for job in jobs:
+                if self.pool.state(job.slot) is SlotState.LOADING:
+                    self._queued[job.key] = job
         # Read now and dropped (on CUDA, reading them waits for the copies to land): no layer waited.
         self.copier.stall_seconds()
         self.copier.take_stalls()
@@ -461,14 +475,16 @@ class ExpertCache:
         return job.slot
 
     def _undo_prefetch(self, key: ExpertKey, job: CopyJob) -> None:
-        """Account for the prefetch of ``key`` that the copier dropped before its copy started."""
+        """Account for the copy of ``key`` that the copier dropped before it started: a prefetch, or a
+        copy left on the books of those on their way by a failed layer or warm-up (no prefetch)."""
         self._give_back(key, job.slot)
-        self._prefetched.discard(key)
         self.phases[job.phase].copied_bytes -= job.nbytes
-        self.prefetches.cancelled += 1
         self._copies_this_layer -= 1
-        if self.events.active:
-            self.events.emit(PrefetchCancelled(key))
+        if key in self._prefetched:
+            self._prefetched.discard(key)
+            self.prefetches.cancelled += 1
+            if self.events.active:
+                self.events.emit(PrefetchCancelled(key))
 
     def _displacement_done(self, key: ExpertKey) -> None:
         """The copy of ``key`` has started (or is about to): the expert it displaced is evicted."""

@@ -48,7 +48,8 @@ class ModelShape:
 
     @property
     def copy_bytes(self) -> int:
-        return round(self.expert_bytes * self.packed_share)
+        """At least a byte: a share so small it rounds to none still copies something."""
+        return max(1, round(self.expert_bytes * self.packed_share))
 
     def packed(self, share: float) -> ModelShape:
         """The same model with copies moving ``share`` of an expert's bytes (compute reads them all)."""

@@ -24,7 +24,9 @@ The chosen jobs run soonest deadline first, the late ones therefore before the o
 ones. Compute runs the layers in order and waits at the first expert that is not ready,
 so on one link no order of the same copies lets it finish sooner: swapping two copies that
 run out of deadline order delays the one needed first and makes the other no earlier
-for its layer. (An on-time set stays on time in this order; the slots only proved it.)
+for its layer. (An on-time set stays on time in this order; the slots only proved it. The late
+jobs kept take link time that the slots do not count, so they may push on-time jobs past their
+deadlines: they are needed sooner, and queueing them last did worse, as measured below.)
 A deadline counts whole copies, and a copy may take several layers, so jobs that share one
 run in the order their layers come (``horizon``): by profit or by key, a layer needed later,
 such as the next token's first layers after this token's last, could go first. Simulated on

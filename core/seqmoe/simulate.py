@@ -145,7 +145,8 @@ def replay_steps(traces: Traces, slots: int) -> list[Step]:
         for run in runs:
             if run.decode:
                 token = int(run.tokens[0])
-                steps.extend(Step(layer, tuple(sorted(traces.experts[token, layer].tolist())), token, token, True) for layer in range(layers))
+                routed = (sorted(set(traces.experts[token, layer].tolist())) for layer in range(layers))
+                steps.extend(Step(layer, tuple(experts), token, token, True) for layer, experts in enumerate(routed))
                 continue
             last_token = int(run.tokens[-1])
             for layer in range(layers):

@@ -13,10 +13,12 @@ from torch import nn
 from seqmoe import Engine
 from seqmoe.budget import FREE_MEMORY_MARGIN, CacheGeometry
 from seqmoe.cache import ExpertCache
+from seqmoe.compression import RawExpert
 from seqmoe.errors import BudgetTooSmall
 from seqmoe.events import EventBus, ExpertEvicted, LayerRouted
 from seqmoe.pinned import PAGE, PinnedBuffers
-from seqmoe.policies import LRUPolicy
+from seqmoe.policies import BeladyPolicy, LRUPolicy
+from seqmoe.simulate import SimulatedCopier, VirtualClock
 from seqmoe.store import ExpertLayout, HostStore, SlotPool
 from seqmoe.transfer import EmulatedCopier
 
@@ -175,6 +177,74 @@ def test_a_failed_look_ahead_leaves_no_slot_pinned(cache: ExpertCache) -> None:
     slots = cache.acquire(2, [0, 1, 2], prefill=False)
     assert [cache.pool.tensors["gate_up_proj"][s][0, 0].item() for s in slots] == [200.0, 201.0, 202.0]
     cache.release(slots)
+
+
+def failing_writes(monkeypatch: pytest.MonkeyPatch, host: HostStore, key: tuple[int, int], times: int) -> None:
+    """The copies of ``key`` fail to write ``times`` times (out of device memory to unpack, say)."""
+    real, failed = RawExpert.write_into, []
+
+    def write_into(expert: RawExpert, destinations: list[torch.Tensor], non_blocking: bool = False) -> None:
+        if expert is host.expert(key) and len(failed) < times:
+            failed.append(key)
+            raise RuntimeError("out of memory (injected)")
+        real(expert, destinations, non_blocking)
+
+    monkeypatch.setattr(RawExpert, "write_into", write_into)
+
+
+def weights(cache: ExpertCache, slots: list[int]) -> list[float]:
+    return [cache.pool.tensors["down_proj"][slot][0, 0].item() for slot in slots]
+
+
+def test_a_warm_up_that_fails_leaves_no_copy_to_overwrite_a_later_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    host = HostStore([FakeExperts(0, 5)], pinned=None)
+    clock = VirtualClock()
+    prior = torch.tensor([[0.9, 0.8, 0.7, 0.1, 0.1]])  # warm-up copies experts 0, 1, 2, each taking a second
+    cache = ExpertCache(host, 3, torch.device("cpu"), SimulatedCopier(clock, 1.0, 1), BeladyPolicy(1, prior), EventBus(), clock=clock)
+    failing_writes(monkeypatch, host, (0, 0), times=1)
+    with pytest.raises(RuntimeError, match="injected"):
+        cache.warm()
+    cache.end_of_generation()
+    cache.release(cache.acquire(0, [3], prefill=False))
+    clock.now += 10.0  # every copy has landed
+    slots = cache.acquire(0, [3, 4], prefill=False)
+    assert weights(cache, slots) == [3.0, 4.0]
+    cache.release(slots)
+
+
+def test_a_layer_that_fails_to_copy_counts_no_cancelled_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
+    host = HostStore([FakeExperts(0, 4)], pinned=None)
+    clock = VirtualClock()
+    cache = ExpertCache(host, 3, torch.device("cpu"), SimulatedCopier(clock, 1.0, 1), LRUPolicy(1, 4), EventBus(), clock=clock)
+    failing_writes(monkeypatch, host, (0, 0), times=2)
+    with pytest.raises(RuntimeError, match="injected"):
+        cache.acquire(0, [0, 1, 2], prefill=False)
+    cache.end_of_generation()  # as the engine does after a failed generation: the queued copies go
+    assert (cache.prefetches.issued, cache.prefetches.cancelled) == (0, 0)
+    assert not any(cache.pool.pins)
+
+
+def test_a_layer_that_fails_while_pinning_its_experts_leaves_none_pinned(
+    cache: ExpertCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache.release(cache.acquire(0, [0, 1], prefill=False))
+    real = ExpertCache._pin_resident
+
+    def pin(self: ExpertCache, key: tuple[int, int]) -> int | None:
+        if key == (0, 1):
+            raise RuntimeError("a copy's earlier failure, raised as it is cancelled")
+        return real(self, key)
+
+    monkeypatch.setattr(ExpertCache, "_pin_resident", pin)
+    with pytest.raises(RuntimeError, match="earlier failure"):
+        cache.acquire(0, [0, 1], prefill=False)
+    assert not any(cache.pool.pins)
+
+
+def test_an_expert_named_twice_in_one_layer_is_refused(cache: ExpertCache) -> None:
+    with pytest.raises(ValueError, match="twice"):
+        cache.acquire(0, [1, 1], prefill=False)
+    assert not any(cache.pool.pins) and cache.pool.owner == [None, None, None]
 
 
 def test_routed_events_report_misses(cache: ExpertCache) -> None:

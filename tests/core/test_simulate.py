@@ -184,6 +184,21 @@ def test_packed_copies_take_their_share_of_the_link_and_nothing_of_compute() -> 
     assert copy_bound(traces, 0.67, hardware, packed).ratio_to_full > copy_bound(traces, 0.67, hardware, raw).ratio_to_full
 
 
+def test_a_copy_moves_at_least_a_byte_however_well_experts_pack() -> None:
+    traces = _decode_only([0, 1, 2] * 3, experts=3)
+    tiny = SHAPES["olmoe"].packed(1e-9)
+    assert tiny.copy_bytes == 1
+    assert simulate(traces, "oracle", 0.67, HARDWARE["rtx4090-pcie4"], tiny).h2d_bytes > 0
+
+
+def test_a_decode_token_that_names_an_expert_twice_uses_it_once() -> None:
+    """As the engine does (``torch.unique`` of the routing): a hand-made trace may repeat one."""
+    traces = _decode_only([0, 1, 2, 0], experts=4)
+    traces.experts = traces.experts.repeat(1, 1, 2)  # top-2, the same expert twice
+    result = simulate(traces, "lru", 0.75, HARDWARE["rtx4090-pcie4"], SHAPES["olmoe"])
+    assert (result.hits, result.late + result.misses) == (1, 3)
+
+
 @pytest.mark.parametrize("policy", ["lru", "oracle"])
 def test_no_policy_copies_fewer_experts_than_the_bound(policy: str) -> None:
     generator = torch.Generator().manual_seed(3)
