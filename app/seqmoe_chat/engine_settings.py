@@ -15,7 +15,7 @@ from seqmoe.hardware import SETUPS, Setup
 from .budget_slider import BudgetSlider
 from .panel.memory_monitor import MemorySample
 from .store import EngineOptions
-from .store.settings import DEVICES, MIN_CONTEXT_TOKENS, POLICIES
+from .store.settings import CONTEXT_TOKENS, DEVICES, LINK_GBPS, POLICIES
 from .store.speed_history import measured_speeds
 from .worker import ModelInfo
 
@@ -26,8 +26,6 @@ POLICY_NAMES = {
     "full": "full: every expert in VRAM (the reference speed)",
 }
 DEVICE_NAMES = {"auto": "automatic (CUDA when present)", "cuda": "CUDA GPU", "cpu": "CPU (emulated link)"}
-MAX_CONTEXT_TOKENS = 2**20
-"""The spin box's end; beyond a model's own limit the engine holds that limit."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +83,7 @@ class EnginePage(QWidget):
                                    "a setup, one copy takes as many layers of this model's decode as there (timed when "
                                    "the model loads), so the cache policies compare as they would on that GPU")
         self.link = QDoubleSpinBox()
-        self.link.setRange(0.01, 1000.0)
+        self.link.setRange(*LINK_GBPS)
         self.link.setDecimals(2)
         self.link.setSuffix(" GB/s")
         self.link.setValue(options.link_gbps)
@@ -101,7 +99,7 @@ class EnginePage(QWidget):
         self.horizon.setToolTip("How far ahead the seqmoe policy forecasts and prefetches; the predictor sets the limit")
         self.horizon_note = QLabel(horizon_text(model))
         self.context = QSpinBox()
-        self.context.setRange(MIN_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS)
+        self.context.setRange(*CONTEXT_TOKENS)
         self.context.setSingleStep(1024)
         self.context.setGroupSeparatorShown(True)
         self.context.setSuffix(" tokens")

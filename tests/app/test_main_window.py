@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from PySide6.QtCore import QStandardPaths, Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication, QDialog, QMessageBox
@@ -357,6 +358,37 @@ def test_a_settings_file_with_a_slip_is_kept_aside_with_a_message(qtbot, make_wi
     assert box is not None and box.windowTitle() == "Settings replaced" and "defaults" in box.text()
     assert [kept.read_text() for kept in path.parent.glob(f"{SETTINGS_NAME}.broken-*")] == [
         '{"format": "seqmoe-chat-settings", "version": 3, "theme": "dark",}']
+
+
+def test_hand_edited_files_of_the_wrong_shape_are_kept_aside_and_said(qtbot, make_window, data_dir: Path) -> None:
+    # Each of these stopped the app at its start ("QThread: Destroyed while thread is still running").
+    settings = config_dir(data_dir) / SETTINGS_NAME
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text('{"format": "seqmoe-chat-settings", "version": 2, "engine": "fast"}')
+    (data_dir / "downloads.json").write_text('{"format": "seqmoe-chat-downloads", "version": 1, '
+                                             '"entries": [{"repo_id": "a/b", "state": "done", "path": null}]}')
+    (data_dir / "library.json").write_text('{"format": "seqmoe-chat-library", "version": 1, "imported": null}')
+    window = make_window()
+    box = window.findChild(QMessageBox, "errorMessage")
+    assert box is not None and box.windowTitle() == "Settings replaced" and "\"engine\": 'fast'" in box.text()
+    window.open_models()
+    dialog = window._models_dialog
+    assert dialog.downloads.notice.text().startswith("The download queue was reset: downloads.json is not as this app")
+    qtbot.waitUntil(lambda: "list of imported folders was reset" in dialog.library.message.text(), timeout=30_000)
+    for kept in (settings, data_dir / "downloads.json", data_dir / "library.json"):
+        assert len(list(kept.parent.glob(f"{kept.name}.broken-*"))) == 1
+
+
+@pytest.mark.parametrize("engine", [{"context_tokens": 2**31}, {"horizon": 2**31}])
+def test_settings_open_whatever_numbers_the_file_holds(qtbot, make_window, data_dir: Path, monkeypatch, engine) -> None:
+    path = config_dir(data_dir) / SETTINGS_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"format": "seqmoe-chat-settings", "version": 3, "engine": engine}))
+    window = make_window()
+    shown: list[SettingsDialog] = []
+    monkeypatch.setattr(SettingsDialog, "exec", lambda dialog: shown.append(dialog) or QDialog.DialogCode.Rejected)
+    window.action_settings.trigger()
+    assert len(shown) == 1 and shown[0].engine.context.value() == 4096
 
 
 def test_settings_set_the_defaults_of_new_chats_and_the_theme(qtbot, window, backend, monkeypatch) -> None:

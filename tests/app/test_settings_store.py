@@ -145,6 +145,33 @@ def test_a_damaged_or_foreign_file_gives_the_defaults_and_is_kept_aside(tmp_path
     assert kept.read_text() == content
 
 
+@pytest.mark.parametrize("content", [
+    json.dumps({"format": SETTINGS_FORMAT, "version": 2, "engine": "fast"}),
+    json.dumps({"format": SETTINGS_FORMAT, "version": 1, "engine": 5}),
+    json.dumps({"format": SETTINGS_FORMAT, "version": SCHEMA_VERSION, "sampling": [0.7]}),
+    f'{{"format": "{SETTINGS_FORMAT}", "version": {SCHEMA_VERSION}, "panel_hz": {"9" * 5000}}}',
+    "[" * 100_000,
+])
+def test_a_file_of_the_wrong_shape_gives_the_defaults_and_is_kept_aside(tmp_path: Path, content: str) -> None:
+    # Each of these stopped the app at its start.
+    path = tmp_path / SETTINGS_NAME
+    path.write_text(content)
+    store = SettingsStore(path)
+    assert store.load() == Settings()
+    (kept,) = tmp_path.glob(f"{SETTINGS_NAME}.broken-*")
+    assert kept.read_text() == content and kept.name in store.notice and "defaults" in store.notice
+
+
+@pytest.mark.parametrize("engine", [
+    {"context_tokens": 2**31}, {"context_tokens": 2**20 + 1}, {"horizon": 2**31}, {"horizon": 10**12},
+    {"link_gbps": 1e6}, {"link_gbps": 0.001},
+])
+def test_engine_values_beyond_the_settings_dialogs_ranges_keep_their_defaults(tmp_path: Path, engine: dict) -> None:
+    path = tmp_path / SETTINGS_NAME
+    path.write_text(json.dumps({"format": SETTINGS_FORMAT, "version": SCHEMA_VERSION, "engine": engine}))
+    assert SettingsStore(path).load().engine == EngineOptions()
+
+
 def test_a_newer_file_still_gives_the_values_this_version_knows(tmp_path: Path) -> None:
     path = tmp_path / SETTINGS_NAME
     path.write_text(json.dumps({"format": SETTINGS_FORMAT, "version": SCHEMA_VERSION + 1, "theme": "dark"}))

@@ -4,11 +4,14 @@ that it survives a restart, a crash or an update of the app."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .json_file import StoredFileError, read_json, write_json
+from .hub_check import parse_reference
+from .hub_errors import HubRefusal
+from .json_file import StoredFileError, read_json_as, write_json
 
 QUEUE_FILE = "downloads.json"
 QUEUE_FORMAT = "seqmoe-chat-downloads"
@@ -21,6 +24,8 @@ CANCELLED = "cancelled"
 FAILED = "failed"
 DONE = "done"
 ACTIVE_STATES = (QUEUED, RUNNING, WAITING)
+STATES = (*ACTIVE_STATES, CANCELLED, FAILED, DONE)
+MAX_BYTES = 2**63  # what a file offset holds; a larger count is no download's
 
 
 @dataclass
@@ -37,9 +42,55 @@ class DownloadEntry:
     added: float = field(default_factory=time.time)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> DownloadEntry:
+    def from_dict(cls, values: object) -> DownloadEntry:
+        """An entry as the queue stores it; ``ValueError`` for anything else (a hand edit, say): its
+        id names the folders that Remove deletes, and the Downloads tab computes with its counts."""
+        if not isinstance(values, dict) or "repo_id" not in values:
+            raise ValueError(f"{values!r:.80} is not a download")
         known = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in values.items() if key in known})
+        for key, value in values.items():
+            if key in known and not _VALID[key](value):
+                raise ValueError(f'"{key}" is {value!r:.80}')
+        entry = cls(**{key: value for key, value in values.items() if key in known})
+        if entry.total_bytes and entry.done_bytes > entry.total_bytes:
+            raise ValueError(f"{entry.repo_id} has {entry.done_bytes} of {entry.total_bytes} bytes done")
+        return entry
+
+
+def _is_repo_id(value: object) -> bool:
+    """An id the hub field accepts as typed: never ``..``, ``.`` or a path, which would name a
+    folder outside the download's own."""
+    try:
+        return isinstance(value, str) and parse_reference(value).repo_id == value
+    except HubRefusal:
+        return False
+
+
+def _is_text(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_BYTES
+
+
+def _is_time(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_VALID: dict[str, Callable[[object], bool]] = {
+    "repo_id": _is_repo_id, "revision": _is_text, "state": lambda value: value in STATES,
+    "total_bytes": _is_count, "done_bytes": _is_count, "message": _is_text, "error_kind": _is_text,
+    "attempts": _is_count, "path": _is_text, "added": _is_time,
+}
+"""What each stored field of an entry may hold."""
+
+
+def _entries(stored: dict[str, Any]) -> list[DownloadEntry]:
+    entries = stored.get("entries", [])
+    if not isinstance(entries, list):
+        raise ValueError(f'"entries" is {entries!r:.80}, not a list')
+    return [DownloadEntry.from_dict(values) for values in entries]
 
 
 class DownloadQueue:
@@ -48,12 +99,11 @@ class DownloadQueue:
         self.notice = ""  # why the stored queue could not be used, if it could not
         self.entries: list[DownloadEntry] = []
         try:
-            stored = read_json(self.path, QUEUE_FORMAT, QUEUE_VERSION)
+            stored = read_json_as(self.path, QUEUE_FORMAT, QUEUE_VERSION, _entries) or []
         except StoredFileError as error:
             self.notice = f"The download queue was reset: {error}"
-            stored = None
-        for raw in (stored or {}).get("entries", []):
-            entry = DownloadEntry.from_dict(raw)
+            stored = []
+        for entry in stored:
             if entry.state in (RUNNING, WAITING):
                 # The app stopped while it ran: its files are kept, so it continues where it was.
                 entry.state, entry.attempts = QUEUED, 0

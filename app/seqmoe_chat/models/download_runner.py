@@ -17,7 +17,7 @@ from .disk_space import check_disk_space
 from .download_queue import ACTIVE_STATES, CANCELLED, DONE, FAILED, QUEUED, RUNNING, WAITING, DownloadEntry, DownloadQueue
 from .hub_errors import FAILED as FAILED_KIND
 from .hub_errors import INVALID, RETRYABLE, STALLED, HubRefusal
-from .model_folders import staging_dir, target_dir
+from .model_folders import partial_dir, staging_dir, target_dir
 from .transfer_rate import TransferRate
 
 DEFAULT_COMMAND = (sys.executable, "-m", "seqmoe_chat.models.download_job")
@@ -109,7 +109,11 @@ class DownloadRunner:
     def discard(self, repo_id: str) -> None:
         """Cancel and forget a download with its partial files (never a finished model)."""
         self.cancel(repo_id)
-        shutil.rmtree(staging_dir(self.data_dir, repo_id), ignore_errors=True)
+        staging = staging_dir(self.data_dir, repo_id).resolve()
+        # Only a folder of .partial's own: an id that names another (".." in a hand-edited queue,
+        # or a link out of .partial) must not cost the models beside it.
+        if staging.parent == partial_dir(self.data_dir).resolve():
+            shutil.rmtree(staging, ignore_errors=True)
         self._drop(lambda entry: entry.repo_id == repo_id)
 
     def forget_finished(self, folder: Path) -> None:

@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..atomic_file import write_text_atomically
+
+T = TypeVar("T")
 
 
 class StoredFileError(Exception):
@@ -33,7 +36,9 @@ def read_json(path: Path, fmt: str, version: int) -> dict[str, Any] | None:
         value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    # ValueError: bad UTF-8, bad JSON, or an integer of over 4,300 digits; RecursionError: nesting
+    # deeper than the parser goes. Each is a damaged file, not a reason for the app to stop.
+    except (OSError, ValueError, RecursionError) as error:
         raise StoredFileError(f"{path.name} could not be read ({error}); {set_aside(path)}") from None
     if not isinstance(value, dict) or value.get("format") != fmt:
         raise StoredFileError(f"{path.name} is not a {fmt} file; {set_aside(path)}")
@@ -42,6 +47,19 @@ def read_json(path: Path, fmt: str, version: int) -> dict[str, Any] | None:
             f"{path.name} has version {value.get('version')!r}, this app reads version {version}; {set_aside(path)}"
         )
     return value
+
+
+def read_json_as(path: Path, fmt: str, version: int, parse: Callable[[dict[str, Any]], T]) -> T | None:
+    """``parse`` of the file's content (None if there is no file yet). ``parse`` raises
+    ``ValueError`` for content this app does not write (a hand edit, say): the file is then set
+    aside as a damaged one is, before any of it is used."""
+    stored = read_json(path, fmt, version)
+    if stored is None:
+        return None
+    try:
+        return parse(stored)
+    except ValueError as error:
+        raise StoredFileError(f"{path.name} is not as this app writes it ({error}); {set_aside(path)}") from None
 
 
 def set_aside(path: Path) -> str:

@@ -9,8 +9,9 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from .json_file import StoredFileError, read_json, write_json
+from .json_file import StoredFileError, read_json_as, write_json
 from .model_folders import models_dir, read_source
 from .predictor_state import PredictorState, predictor_state
 
@@ -51,11 +52,10 @@ class Library:
         self.notice = ""
         self._file = data_dir / LIBRARY_FILE
         try:
-            stored = read_json(self._file, LIBRARY_FORMAT, LIBRARY_VERSION) or {}
+            self.imported = read_json_as(self._file, LIBRARY_FORMAT, LIBRARY_VERSION, _imported) or []
         except StoredFileError as error:
             self.notice = f"The list of imported folders was reset: {error}"
-            stored = {}
-        self.imported = [Path(p) for p in stored.get("imported", []) if isinstance(p, str)]
+            self.imported = []
 
     def models(self, include_hub_cache: bool = True) -> list[LibraryModel]:
         from seqmoe.resources import demo_model_dir
@@ -176,6 +176,13 @@ def _flat_keys(config: dict) -> list[str]:
         if isinstance(value, dict):
             keys += _flat_keys(value)
     return keys
+
+
+def _imported(stored: dict[str, Any]) -> list[Path]:
+    folders = stored.get("imported", [])
+    if not isinstance(folders, list) or not all(isinstance(folder, str) for folder in folders):
+        raise ValueError(f'"imported" is {folders!r:.80}, not a list of folders')
+    return [Path(folder) for folder in folders]
 
 
 def _size(folder: Path) -> int:

@@ -29,8 +29,12 @@ def target_dir(data_dir: Path, repo_id: str) -> Path:
     return models_dir(data_dir) / folder_name(repo_id)
 
 
+def partial_dir(data_dir: Path) -> Path:
+    return models_dir(data_dir) / ".partial"
+
+
 def staging_dir(data_dir: Path, repo_id: str) -> Path:
-    return models_dir(data_dir) / ".partial" / folder_name(repo_id)
+    return partial_dir(data_dir) / folder_name(repo_id)
 
 
 def read_source(folder: Path) -> dict[str, Any]:

@@ -35,7 +35,10 @@ RECENT_MODELS = 8
 DEFAULT_LINK_GBPS = 25.0  # the engine's own default for the emulated link, the fixed speed before version 3
 DEFAULT_LINK_SETUP = "rtx4090-pcie4-olmoe"  # seqmoe.hardware.DEFAULT_SETUP, named here without importing the engine
 DEFAULT_CONTEXT_TOKENS = 4096  # the engine's own default (seqmoe.budget)
-MIN_CONTEXT_TOKENS = 256
+CONTEXT_TOKENS = (256, 2**20)
+"""The settings dialog's range; beyond a model's own limit the engine holds that limit."""
+LINK_GBPS = (0.01, 1000.0)
+MAX_HORIZON = 2**31 - 1  # a spin box's int; the engine forecasts no farther than the predictor anyway
 PANEL_HZ = (1, 10)  # the live panel refreshes at most 10 times a second
 # Measured with tools/measure_panel.py: at 10 a second the panel cost the GUI thread about 6% of a
 # core, at 5 about 4%.
@@ -89,14 +92,18 @@ class EngineOptions:
             options.vram_budget_gb = None
         if options.link_setup is not None and not isinstance(options.link_setup, str):
             options.link_setup = defaults.link_setup
-        if not is_number(options.link_gbps) or options.link_gbps <= 0:
+        # Within what the settings dialog's spin boxes hold: one past a C int would stop it opening.
+        if not is_number(options.link_gbps) or not LINK_GBPS[0] <= options.link_gbps <= LINK_GBPS[1]:
             options.link_gbps = defaults.link_gbps
-        if options.horizon is not None and not (isinstance(options.horizon, int) and options.horizon >= 1):
+        if options.horizon is not None and not _is_int_within(options.horizon, 1, MAX_HORIZON):
             options.horizon = defaults.horizon
-        if not (isinstance(options.context_tokens, int) and not isinstance(options.context_tokens, bool)
-                and options.context_tokens >= MIN_CONTEXT_TOKENS):
+        if not _is_int_within(options.context_tokens, *CONTEXT_TOKENS):
             options.context_tokens = defaults.context_tokens
         return options
+
+
+def _is_int_within(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 @dataclass
@@ -199,11 +206,18 @@ class SettingsStore:
             stored = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return self._read_legacy()
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        # ValueError: bad UTF-8, bad JSON, or an integer of over 4,300 digits; RecursionError: nesting
+        # deeper than the parser goes.
+        except (OSError, ValueError, RecursionError) as error:
             return self._unusable(f"could not be read ({error})")
         version = stored.get("version") if isinstance(stored, dict) else None
         if not isinstance(version, int) or isinstance(version, bool) or stored.get("format") != SETTINGS_FORMAT or version < 1:
             return self._unusable("is not a settings file of this app")
+        for group in ("sampling", "engine"):
+            # A wrong value keeps its default, but a group that is no group is no file of this app's
+            # (and the migrations would take the engine's for one).
+            if not isinstance(stored.get(group, {}), dict):
+                return self._unusable(f'has "{group}": {stored[group]!r:.80}, not a group of settings')
         if version > SCHEMA_VERSION:
             # A newer app wrote it: the values this version knows still apply.
             log.warning("%s has schema %d, newer than this app's %d", self.path, version, SCHEMA_VERSION)

@@ -237,6 +237,48 @@ def test_a_damaged_queue_file_is_kept_aside_and_reported(data_dir: Path) -> None
     assert len(list(data_dir.glob("downloads.json.broken-*"))) == 1
 
 
+def write_queue(data_dir: Path, text: str) -> None:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "downloads.json").write_text(f'{{"format": "seqmoe-chat-downloads", "version": 1, {text}}}')
+
+
+@pytest.mark.parametrize("entries", [
+    '"entries": 5', '"entries": ["x"]', '"entries": [{}]',
+    '"entries": [{"repo_id": "a/b", "state": "done", "path": null}]',
+    '"entries": [{"repo_id": "a/b", "state": "failed", "done_bytes": "lots", "total_bytes": 10}]',
+    '"entries": [{"repo_id": "a/b", "state": "finished"}]',
+    '"entries": [{"repo_id": "a/b", "done_bytes": 11, "total_bytes": 10}]',
+    '"entries": [], "x": ' + "9" * 5000,
+    '"entries": ' + "[" * 100_000,
+])
+def test_a_queue_file_this_app_did_not_write_is_kept_aside_and_reported(data_dir: Path, entries: str) -> None:
+    # Each of these stopped the app at its start, or the Downloads tab when it opened.
+    write_queue(data_dir, entries)
+    runner = DownloadRunner(data_dir)
+    assert runner.entries == [] and "The download queue was reset: downloads.json" in runner.notice
+    assert len(list(data_dir.glob("downloads.json.broken-*"))) == 1
+
+
+@pytest.mark.parametrize("repo_id", ["..", ".", "", "a/../..", "../x", "a/b/c", ".partial", "https://hf.co/a/b", 5])
+def test_a_queued_id_that_names_another_folder_is_refused(data_dir: Path, repo_id: object) -> None:
+    write_queue(data_dir, f'"entries": [{json.dumps({"repo_id": repo_id, "state": FAILED})}]')
+    runner = DownloadRunner(data_dir)
+    assert runner.entries == [] and "downloads.json.broken-" in runner.notice
+
+
+def test_remove_deletes_nothing_outside_the_partial_downloads(data_dir: Path) -> None:
+    model = target_dir(data_dir, TINY)
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    staging_dir(data_dir, "other/model").mkdir(parents=True)
+    runner = DownloadRunner(data_dir)
+    runner.queue.entries = [DownloadEntry(".."), DownloadEntry("other/model")]  # as a queue of an earlier app read it
+    runner.discard("..")
+    assert (model / "config.json").is_file() and staging_dir(data_dir, "other/model").is_dir()
+    runner.discard("other/model")
+    assert not staging_dir(data_dir, "other/model").exists() and runner.entries == []
+
+
 def test_retries_are_bounded(data_dir: Path) -> None:
     runner = DownloadRunner(data_dir, policy=RetryPolicy(max_attempts=2, backoff_s=(0.1,)))
     entry = DownloadEntry("x/y")

@@ -154,3 +154,13 @@ def test_a_damaged_library_file_is_kept_aside(data_dir: Path) -> None:
     (data_dir / "library.json").write_text('{"format": "seqmoe-chat-library", "version": 99}')
     library = Library(data_dir)
     assert library.imported == [] and "version 99" in library.notice and "library.json.broken-" in library.notice
+
+
+@pytest.mark.parametrize("imported", ["null", "5", '"/models/x"', '["/models/x", null, 3]', "9" * 5000, "[" * 100_000])
+def test_a_library_file_this_app_did_not_write_is_kept_aside(data_dir: Path, imported: str) -> None:
+    # null and 5 stopped the app at its start; null among the folders was dropped without a word.
+    data_dir.mkdir(parents=True)
+    (data_dir / "library.json").write_text(f'{{"format": "seqmoe-chat-library", "version": 1, "imported": {imported}}}')
+    library = Library(data_dir)
+    assert library.imported == [] and library.notice.startswith("The list of imported folders was reset: library.json")
+    assert len(list(data_dir.glob("library.json.broken-*"))) == 1
