@@ -18,6 +18,7 @@ class ChatHeader(QWidget):
         super().__init__(parent)
         # Elided: a long title or prompt must not make the chat's column wider than the window allows.
         self.title = ElidedLabel()
+        self.title.setTextFormat(Qt.TextFormat.PlainText)  # a title is the user's text, never markup
         font = self.title.font()
         font.setPointSizeF(font.pointSizeF() * 1.2)
         font.setBold(True)

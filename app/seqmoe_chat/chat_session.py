@@ -41,6 +41,7 @@ class _Reply:
     conversation_id: int
     prompt: list[dict[str, str]]
     sampling: SamplingSettings
+    waits_for: int | None  # the load in progress when the reply was asked for
     text: str = ""
     saved_at: float = 0.0
 
@@ -170,7 +171,8 @@ class ChatSession(QObject):
         if self.client.model is None and not self.client.busy_loading:
             self.sig_model_needed.emit()
         request_id = self.client.generate(prompt, conversation.sampling)
-        self._active = _Reply(request_id, reply.id, conversation_id, prompt, conversation.sampling, saved_at=time.monotonic())
+        self._active = _Reply(request_id, reply.id, conversation_id, prompt, conversation.sampling, self.client.loading_id,
+                              saved_at=time.monotonic())
         self.stall_monitor.start()
         self.sig_busy_changed.emit(True)
         return reply
@@ -210,9 +212,11 @@ class ChatSession(QObject):
         reply = self._active
         if reply is None or reply.request_id != request_id:
             return
-        if self.client.busy_loading:
+        if self.client.busy_loading and self.client.loading_id != reply.waits_for:
             # The load it waited for gave way to another (the user chose a model meanwhile): it
-            # waits for that one, queued behind it.
+            # waits for that one, queued behind it. Only for a newer load: one whose outcome never
+            # came would send it back and forth without end.
+            reply.waits_for = self.client.loading_id
             reply.request_id = self.client.generate(reply.prompt, reply.sampling)
             return
         self._finish(reply, state=FAILED, content=reply.text, error=NO_MODEL)

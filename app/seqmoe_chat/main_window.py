@@ -185,7 +185,7 @@ class MainWindow(QMainWindow):
         session.sig_save_failed.connect(self._on_save_failed)
         self.chat.sig_edit_submitted.connect(session.resend_edited)
         self.chat.sig_regenerate_requested.connect(session.regenerate)
-        self.chat.sig_version_requested.connect(session.select_version)
+        self.chat.sig_version_requested.connect(self._select_version)
         self.header.sig_settings_requested.connect(self.edit_conversation_settings)
         self.composer.sig_message_submitted.connect(self._send)
         self.composer.sig_stop_requested.connect(session.stop)
@@ -220,8 +220,13 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(conversation.title if conversation else APP_TITLE)
 
     def new_conversation(self) -> None:
-        self.session.new_conversation()
+        with self._changing_chats("Starting a new chat"):
+            self.session.new_conversation()
         self.composer.input.setFocus()
+
+    def _select_version(self, message_id: int) -> None:
+        with self._changing_chats("Showing another version"):
+            self.session.select_version(message_id)
 
     def rename_current(self) -> None:
         if self.session.conversation_id is not None:

@@ -107,6 +107,7 @@ class Sidebar(QWidget):
         delete.activated.connect(lambda: self._request_delete(self.current_id()))
 
         self.undo_label = QLabel()
+        self.undo_label.setTextFormat(Qt.TextFormat.PlainText)  # it quotes a title: the user's text, never markup
         self.undo_label.setWordWrap(True)
         self.undo_button = QPushButton("Undo")
         self.undo_button.clicked.connect(self._undo)

@@ -262,21 +262,31 @@ class EngineWorker(QObject):
             self.sig_load_cancelled.emit(request_id)
             return
         except Exception as error:  # the app must survive any failure to load
-            if not _is_engine_error(error):
-                log.exception("loading %s failed", model or "the demo model")
             if self._engine is not None:  # refused by its checks: the model loaded before stays, as it is now
                 self._info = model_info(self._engine)
-            self.sig_load_failed.emit(request_id, describe_error(error), self._info)
+            self._load_failed(request_id, model, error)
             return
         if self._cancelled(request_id):
             engine.close()
             self.sig_load_cancelled.emit(request_id)
             return
+        try:
+            info = model_info(engine)
+        except Exception as error:  # an engine that cannot describe itself is no use: it fails as a load
+            engine.close()
+            self._load_failed(request_id, model, error)
+            return
         with self._lock:
-            self._engine, self._info = engine, model_info(engine)
+            self._engine, self._info = engine, info
             for listener in self._listeners:
                 engine.events.subscribe(listener)
         self.sig_model_loaded.emit(request_id, self._info)
+
+    def _load_failed(self, request_id: int, model: str, error: Exception) -> None:
+        """Say why ``model`` did not load, with the model that stays loaded, if any."""
+        if not _is_engine_error(error):
+            log.exception("loading %s failed", model or "the demo model")
+        self.sig_load_failed.emit(request_id, describe_error(error), self._info)
 
     @Slot(int, object)
     def reconfigure(self, request_id: int, options: EngineOptions) -> None:
@@ -334,15 +344,14 @@ class EngineWorker(QObject):
                 prompt, _engine_sampling(sampling), on_token=on_token,
                 should_stop=lambda: self._cancelled(request_id), keep_context=True,
             )
+            # Its statistics too: a reply that cannot be finished must fail, not stream forever.
+            reply = ReplyResult(result.text, self._info.name, self._cancelled(request_id), result.stats.as_dict())
         except Exception as error:  # a failed reply must leave the worker ready for the next
             if not _is_engine_error(error):
                 log.exception("generation failed")
             self.sig_reply_failed.emit(request_id, describe_error(error), stream.text())
             return
-        self.sig_reply_finished.emit(
-            request_id,
-            ReplyResult(result.text, self._info.name, self._cancelled(request_id), result.stats.as_dict()),
-        )
+        self.sig_reply_finished.emit(request_id, reply)
 
     @Slot()
     def unload(self) -> None:

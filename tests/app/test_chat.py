@@ -8,14 +8,16 @@ import time
 
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QAbstractItemView, QApplication, QDialog, QLineEdit, QMessageBox
+from PySide6.QtWidgets import QAbstractItemView, QApplication, QDialog, QLabel, QLineEdit, QMessageBox
 
 from seqmoe_chat.conversation_dialog import ConversationDialog
 from seqmoe_chat.markdown_view import MarkdownView
 from seqmoe_chat.store import SamplingSettings
 from seqmoe_chat.store.records import ASSISTANT, DONE, FAILED, STOPPED, USER
 
-from .fakes import reply_for
+from seqmoe_chat.worker import EngineWorker
+
+from .fakes import FakeEngine, FakeStats, reply_for
 from .waits import model_shown
 
 
@@ -247,6 +249,25 @@ def test_html_in_a_message_is_shown_as_the_text_it_is(qtbot) -> None:
     assert view.toPlainText() == 'What does <div class="x"> do? And <br> or <span style="font-size:400px">big</span>?\nThat is all.'
 
 
+def laid_out_as_plain_text(label: QLabel) -> bool:
+    """Whether ``label`` takes the room its text takes as plain text: markup in it shows as typed."""
+    plain = QLabel(label.text())
+    plain.setFont(label.font())
+    plain.setWordWrap(label.wordWrap())
+    plain.setTextFormat(Qt.TextFormat.PlainText)
+    return plain.heightForWidth(label.width()) == label.heightForWidth(label.width())
+
+
+def test_html_in_a_title_is_shown_as_the_text_it_is(qtbot, window) -> None:
+    send(qtbot, window, "<h1>Big</h1> <b>words</b>")
+    wait_idle(qtbot, window)
+    title = window.header.title
+    assert title.text() == "<h1>Big</h1> <b>words</b>" and laid_out_as_plain_text(title)
+    window.delete_conversation(window.session.conversation_id)
+    undo = window.sidebar.undo_label
+    assert undo.text() == "Deleted “<h1>Big</h1> <b>words</b>”" and laid_out_as_plain_text(undo)
+
+
 def test_a_copy_code_link_written_in_a_message_copies_nothing(qtbot) -> None:
     view = MarkdownView()
     qtbot.addWidget(view)
@@ -306,6 +327,31 @@ def test_a_full_disk_loses_no_reply_and_no_message(qtbot, window, backend, monke
     monkeypatch.setattr(window.store, "add_message", add)
 
 
+def test_new_chat_and_other_versions_the_database_refuses_are_said_and_nothing_changes(qtbot, window) -> None:
+    send(qtbot, window, "Pick a number")
+    wait_idle(qtbot, window)
+    qtbot.mouseClick(list(window.chat.widgets.values())[1].regenerate_button, Qt.MouseButton.LeftButton)
+    wait_idle(qtbot, window)
+    conversation_id, before = window.session.conversation_id, stored(window)
+    window.store.connection.execute("PRAGMA query_only = ON")  # as a full disk or a read-only file
+    try:
+        for change, act in (
+            ("Starting a new chat failed", window.action_new.trigger),
+            ("Showing another version failed",
+             lambda: qtbot.mouseClick(list(window.chat.widgets.values())[1].previous_button, Qt.MouseButton.LeftButton)),
+        ):
+            act()
+            box = window.findChild(QMessageBox, "errorMessage")
+            assert box is not None and box.windowTitle() == change and "readonly database" in box.text()
+            box.close()
+            qtbot.waitUntil(lambda: window.findChild(QMessageBox, "errorMessage") is None)
+            assert window.session.conversation_id == conversation_id and stored(window) == before
+            assert list(window.chat.widgets.values())[1].version_label.text() == "2/2"
+            assert len(window.store_ids()) == 1
+    finally:
+        window.store.connection.execute("PRAGMA query_only = OFF")
+
+
 def test_running_out_of_memory_suggests_a_smaller_vram_budget(qtbot, window, backend) -> None:
     backend.fail_after, backend.failure = 1, MemoryError()
     send(qtbot, window, "Big reply")
@@ -330,6 +376,46 @@ def test_a_model_that_fails_to_load_gets_a_dialog_and_the_app_stays_usable(qtbot
     wait_idle(qtbot, window)
     assert stored(window)[-1][2] == DONE
     assert window.status.model.text() == "seqmoe-demo"
+
+
+def test_an_engine_that_fails_once_loaded_is_closed_and_said_like_any_load(qtbot, make_window, backend, monkeypatch) -> None:
+    def unreadable(engine: FakeEngine) -> int:
+        raise RuntimeError("predictor file truncated")
+
+    monkeypatch.setattr(FakeEngine, "max_horizon", unreadable)
+    window = make_window(wait_for_model=False)
+    qtbot.waitUntil(lambda: window.findChild(QMessageBox, "errorMessage") is not None, timeout=5000)
+    box = window.findChild(QMessageBox, "errorMessage")
+    assert "predictor file truncated" in box.text()
+    box.close()
+    assert window.status.model.text() == "No model loaded" and window.model_bar.progress.isHidden()
+    assert backend.engines[0].closed
+    send(qtbot, window, "Anyone there?")  # loads again, which fails again: the reply says so
+    wait_idle(qtbot, window)
+    assert stored(window)[1][2] == FAILED and len(backend.engines) == 2 and backend.engines[1].closed
+
+
+def test_a_reply_waiting_for_a_load_that_never_ends_fails_instead_of_asking_again_and_again(
+        qtbot, make_window, monkeypatch) -> None:
+    monkeypatch.setattr(EngineWorker, "load", lambda worker, request_id, model, options: None)  # its word never comes
+    window = make_window(wait_for_model=False)
+    asked = []
+    window.client.sig_generate_requested.connect(lambda *args: asked.append(args[0]))
+    send(qtbot, window, "Hello?")
+    wait_idle(qtbot, window)
+    assert len(asked) == 1 and window.store.thread(window.session.conversation_id)[1].message.state == FAILED
+    assert "No model is loaded" in list(window.chat.widgets.values())[1].note.text()
+
+
+def test_a_reply_whose_statistics_cannot_be_read_fails_and_keeps_its_text(qtbot, window, monkeypatch) -> None:
+    monkeypatch.setattr(FakeStats, "as_dict", lambda stats: 1 / 0)
+    send(qtbot, window, "Hello")
+    wait_idle(qtbot, window)
+    assert stored(window)[1] == (ASSISTANT, reply_for([{"role": "user", "content": "Hello"}]), FAILED)
+    assert "ZeroDivisionError" in list(window.chat.widgets.values())[1].note.text()
+    send(qtbot, window, "Again")  # the worker is ready for the next reply
+    wait_idle(qtbot, window)
+    assert stored(window)[3][2] == FAILED and window.composer.send_button.isEnabled()
 
 
 def test_only_a_model_that_loaded_is_opened_at_the_next_start_and_listed(qtbot, make_window, backend) -> None:

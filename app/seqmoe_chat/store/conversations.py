@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable
+from typing import Any
 
+from ..transcripts.reply_stats import NUMBERS
 from .records import (
     INTERRUPTED,
     STREAMING,
@@ -18,6 +20,7 @@ from .records import (
     Message,
     SamplingSettings,
     ThreadEntry,
+    is_number,
     now_iso,
 )
 from .threads import latest_leaf, visible_thread
@@ -243,7 +246,7 @@ def _snippet(content: str, query: str) -> str:
 
 
 def _conversation(row: tuple) -> Conversation:
-    sampling = SamplingSettings.from_dict(json.loads(row[3]))
+    sampling = SamplingSettings.from_dict(_json_object(row[3]) or {})
     return Conversation(row[0], row[1], row[2], sampling, row[4], row[5], row[6], row[7])
 
 
@@ -253,11 +256,38 @@ def _message(row: tuple) -> Message:
         conversation_id=row[1],
         parent_id=row[2],
         role=row[3],
-        content=row[4],
+        content=_text(row[4]),
         created_at=row[5],
         updated_at=row[6],
         state=row[7],
         error=row[8],
         model_id=row[9],
-        stats=json.loads(row[10]),
+        stats=_stats(row[10]),
     )
+
+
+def _json_object(text: object) -> dict[str, Any] | None:
+    """The JSON object stored in a column, or None where it holds anything else (a damaged or
+    hand-edited database): one bad field must not make its conversation unopenable."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _stats(text: str) -> dict[str, Any]:
+    """A reply's statistics as the engine writes them, or none (no line under the reply) where a
+    figure is no number or a value is nested: formatting it would raise, and a JSON export with
+    it would be refused on import."""
+    stats = _json_object(text) or {}
+    readable = all(
+        is_number(value) or (key not in NUMBERS and (value is None or isinstance(value, (str, bool))))
+        for key, value in stats.items()
+    )
+    return stats if readable else {}
+
+
+def _text(value: str | bytes) -> str:
+    """A text column's value: SQLite keeps bytes written there by another program as they are."""
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value

@@ -19,7 +19,10 @@ def visible_thread(messages: Sequence[Message], leaf_id: int | None) -> list[Thr
     by_id = {message.id: message for message in messages}
     children = children_of(messages)
     path: list[Message] = []
-    while leaf_id is not None and leaf_id in by_id:
+    seen: set[int] = set()
+    # A damaged or hand-edited file may hold a loop of parents: it is cut where it closes.
+    while leaf_id is not None and leaf_id in by_id and leaf_id not in seen:
+        seen.add(leaf_id)
         path.append(by_id[leaf_id])
         leaf_id = by_id[leaf_id].parent_id
     entries = []
@@ -32,6 +35,9 @@ def visible_thread(messages: Sequence[Message], leaf_id: int | None) -> list[Thr
 def latest_leaf(messages: Sequence[Message], message_id: int) -> int:
     """The end of the newest line of replies below ``message_id``."""
     children = children_of(messages)
-    while children.get(message_id):
+    seen = {message_id}
+    # As in ``visible_thread``, a loop of parents ends where it would come round again.
+    while children.get(message_id) and children[message_id][-1] not in seen:
         message_id = children[message_id][-1]
+        seen.add(message_id)
     return message_id
