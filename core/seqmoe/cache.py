@@ -525,16 +525,18 @@ class ExpertCache:
         ``release`` left that layer's slots pinned: they are released."""
         self._last_decode_layer_at = None
         self._cancel_queued()
-        self.prefetches.unused += len(self._prefetched)
-        if self.events.active:
-            for key in sorted(self._prefetched):
-                self.events.emit(PrefetchUnused(key))
+        unused = sorted(self._prefetched)
+        self.prefetches.unused += len(unused)
         self._prefetched.clear()
         for slot, pins in enumerate(self.pool.pins):
             if pins:
                 self.pool.pins[slot] = 0
                 self.copier.release(slot)
+        # The events go out once the books are settled: a listener that raises fails the reply,
+        # and the next one must find no prefetch counted unused twice and no slot left pinned.
         if self.events.active:
+            for key in unused:
+                self.events.emit(PrefetchUnused(key))
             # The last snapshot, taken at most every SNAPSHOT_SECONDS while a layer computed, would
             # stay on the live panel until the next reply, showing experts in use and copies that
             # were cancelled: the pool as the reply leaves it replaces it.

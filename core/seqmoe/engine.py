@@ -9,9 +9,12 @@ given another policy between two generations without reloading the model.
 from __future__ import annotations
 
 import math
+import threading
 import time
 import traceback
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
@@ -70,10 +73,26 @@ PHASE_COUNTERS = (
     "prefetch_unused",
 )
 
+TEMPERATURES = (0.01, 100.0)
+"""The sampling temperatures taken. Sampling is defined past both ends, up to where logits divided
+by the temperature overflow, but below it is greedy decoding in all but name and above a uniform
+draw: more likely a slip than a wish (the app's settings go from 0.01 to 2)."""
 
-@dataclass
+SEEDS = 2**32
+"""Seeds are below this: the CPU's generator keeps the low 32 bits of a seed, so two seeds that
+differ only above them would give the same reply."""
+
+# The engine whose cache serves each loaded model's experts, by the model's id: the experts modules
+# are the model's, so a second engine's cache would serve the first's replies, and closing either
+# would take the other's away. Weak: an engine dropped without ``close`` leaves the model free.
+_SERVING: weakref.WeakValueDictionary[int, Engine] = weakref.WeakValueDictionary()
+_SERVED = "another engine uses this model's experts; close it first (one engine at a time per loaded model)"
+
+
+@dataclass(frozen=True)
 class Sampling:
-    """How to pick tokens. ``greedy`` ignores temperature and top-p."""
+    """How to pick tokens. ``greedy`` ignores temperature and top-p. Frozen: its fields are
+    checked once, when it is made."""
 
     max_new_tokens: int = 128
     greedy: bool = True
@@ -84,10 +103,12 @@ class Sampling:
     def __post_init__(self) -> None:
         if not _is_count(self.max_new_tokens) or self.max_new_tokens < 1:
             raise SeqMoEError(f"at least one new token must be asked for, not {self.max_new_tokens}")
-        if self.seed is not None and not (_is_count(self.seed) and 0 <= self.seed < 2**63):
-            raise SeqMoEError(f"a seed is a whole number from 0 to 2**63 - 1, not {self.seed}")
-        if not self.greedy and not self.temperature > 0:
-            raise SeqMoEError(f"a sampling temperature must be above 0 (0 is greedy decoding), not {self.temperature}")
+        if self.seed is not None and not (_is_count(self.seed) and 0 <= self.seed < SEEDS):
+            raise SeqMoEError(f"a seed is a whole number from 0 to 2**32 - 1, not {self.seed}")
+        low, high = TEMPERATURES
+        if not self.greedy and not low <= self.temperature <= high:
+            raise SeqMoEError(f"a sampling temperature must be above 0 (0 is greedy decoding): "
+                              f"from {low} to {high}, not {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise SeqMoEError(f"top-p is a share of the probability mass, in (0, 1], not {self.top_p}")
 
@@ -101,6 +122,10 @@ class GenerationResult:
 
 
 class Engine:
+    """A loaded model, its expert cache and generation. It takes one call that generates or changes
+    the cache at a time (another, from a thread or a callback, is refused), and a loaded model
+    takes one engine at a time (another is refused until it is closed)."""
+
     def __init__(
         self,
         loaded: LoadedModel,
@@ -113,6 +138,8 @@ class Engine:
         _check_link(link_gbps, link_latency_us * 1e-6)
         if not _is_count(context_tokens) or context_tokens < 2:
             raise SeqMoEError(f"a context holds at least a prompt token and a reply token, not {context_tokens} tokens")
+        if id(loaded.model) in _SERVING:
+            raise SeqMoEError(_SERVED)
         self.loaded = loaded
         self.context_tokens = context_held(context_tokens, loaded.context_limit)
         """Prompt and reply together; the KV cache for them is set aside in a VRAM budget."""
@@ -141,7 +168,9 @@ class Engine:
         self._copier: Copier | None = None
         self._kept: KeptContext | None = None
         self._resident_accesses: torch.Tensor | None = None
-        self._generating = False
+        self._busy = threading.Lock()
+        self._closed = False
+        self._build_failed = False
         loaded.model.set_experts_implementation(experts_impl.IMPLEMENTATION)
         experts_impl.follow_decode_switch(
             loaded.model, loaded.experts, loaded.base_implementation, loaded.host.layout.bytes_per_expert
@@ -193,26 +222,48 @@ class Engine:
         ``future`` is the oracle's knowledge: the (layer, experts) of every cache access of
         the same greedy run, recorded from ``LayerRouted`` events of a run at the same size.
         """
-        self._refuse_while_generating("configure the cache")
+        with self._exclusive("configure the cache"):
+            self._configure(policy, cache_ratio, vram_budget_gb, future)
+
+    def _configure(
+        self,
+        policy: str = "lru",
+        cache_ratio: float | None = None,
+        vram_budget_gb: float | None = None,
+        future: list[tuple[int, frozenset[int]]] | None = None,
+    ) -> None:
         slots = self._slots(cache_ratio, vram_budget_gb)
         if policy == "full" and slots < self.geometry.total_experts:
             need = self.geometry.budget_bytes_for(self.geometry.total_experts) / 2**30
             raise BudgetTooSmall(f"the full policy keeps all experts resident: it needs cache ratio 1 ({need:.2f} GiB)")
         chosen = self._make_policy(policy, future)
+        if _SERVING.setdefault(id(self.loaded.model), self) is not self:
+            raise SeqMoEError(_SERVED)
         self._teardown()
+        # A build that fails leaves no cache, and generate refuses until a configure succeeds: its
+        # default for a new engine (every expert) may not fit the budget asked for, and building
+        # the old cache again could fail as this one did (out of memory). The app's worker
+        # configures the old one again itself.
+        self._build_failed = True
         try:
             self._build(policy, chosen, slots)
-        except torch.OutOfMemoryError:
-            self._teardown()
-            raise BudgetTooSmall(
-                f"the device ran out of memory for {slots} expert slots; choose a smaller VRAM budget or cache ratio"
-            ) from None
+        except BaseException as error:
+            self._teardown()  # no cache half built, whose experts modules are not attached yet
+            if isinstance(error, torch.OutOfMemoryError):
+                raise BudgetTooSmall(
+                    f"the device ran out of memory for {slots} expert slots; choose a smaller VRAM budget or cache ratio"
+                ) from None
+            raise
+        self._build_failed = False
 
     def resize(self, cache_ratio: float | None = None, vram_budget_gb: float | None = None) -> None:
         """Give the expert cache another size between two generations, keeping the policy, the
         model and the most recently used experts (no reload); slots left free are filled as
         ``configure`` fills them."""
-        self._refuse_while_generating("resize the cache")
+        with self._exclusive("resize the cache"):
+            self._resize(cache_ratio, vram_budget_gb)
+
+    def _resize(self, cache_ratio: float | None, vram_budget_gb: float | None) -> None:
         slots = self._slots(cache_ratio, vram_budget_gb)
         if self.cache is None:
             raise SeqMoEError(
@@ -403,10 +454,22 @@ class Engine:
         vocabulary = self.loaded.model.get_input_embeddings().num_embeddings
         if not all(isinstance(token, int) and 0 <= token < vocabulary for token in prompt_ids):
             raise SeqMoEError(f"the prompt must be token ids from 0 to {vocabulary - 1} (the model's vocabulary)")
-        self._refuse_while_generating("generate another reply")
+        with self._exclusive("generate another reply"):
+            return self._generate(prompt_ids, sampling, on_token, should_stop, keep_context)
+
+    def _generate(
+        self,
+        prompt_ids: list[int],
+        sampling: Sampling,
+        on_token: Callable[[int], None] | None,
+        should_stop: Callable[[], bool] | None,
+        keep_context: bool,
+    ) -> GenerationResult:
         room = self.reply_room(prompt_ids)
         if self.policy_name == "none":
-            self.configure()
+            if self._build_failed:
+                raise SeqMoEError("the last configure failed and left no cache; configure one before generating")
+            self._configure()
         kept, self._kept = self._kept, None
         reused = kept.reuse_for(prompt_ids) if kept is not None and keep_context else 0
         before = self._counters()
@@ -418,7 +481,6 @@ class Engine:
         tokenizer = self.loaded.tokenizer
         start = time.perf_counter()
         streamer.start = start
-        self._generating = True
         try:
             output = self.loaded.model.generate(
                 inputs,
@@ -451,7 +513,6 @@ class Engine:
                 f"generating ({type(error).__name__}: {text}); another transformers version may run this model"
             ) from error
         finally:
-            self._generating = False
             # Also after a failure: copies queued for the failed reply's next layers are not needed.
             if self.cache is not None:
                 self.cache.end_of_generation()
@@ -486,15 +547,32 @@ class Engine:
         return GenerationResult(token_ids=token_ids, text=text, prompt_tokens=len(prompt_ids), stats=stats)
 
     def close(self) -> None:
-        self._refuse_while_generating("close the engine")
-        self._kept = None
-        self._teardown()
+        """Give the cache back and leave the model free for another engine; this one takes no more
+        calls that generate or change the cache. Closing it again does nothing."""
+        if self._closed:
+            return
+        with self._exclusive("close the engine"):
+            self._closed = True
+            self._kept = None
+            if _SERVING.get(id(self.loaded.model)) is self:
+                self._teardown()
+                del _SERVING[id(self.loaded.model)]
 
-    def _refuse_while_generating(self, what: str) -> None:
-        # From a token callback, say: the reply under way would go on with another cache, or none,
-        # and its statistics would mix two caches' counters.
-        if self._generating:
-            raise SeqMoEError(f"cannot {what} while a reply is generated; stop it (should_stop) and do it after")
+    @contextmanager
+    def _exclusive(self, what: str) -> Iterator[None]:
+        """Run the block as the only call at work on the open engine: one that generates or
+        changes the cache."""
+        # Refused rather than waited for. From a token callback, say, the call would wait for its
+        # own reply; and from another thread it would change the cache under the reply under way,
+        # which would go on with another cache, or none, and mix two caches' counters.
+        if not self._busy.acquire(blocking=False):
+            raise SeqMoEError(f"cannot {what} while a reply is generated or the cache is changed; do it after")
+        try:
+            if self._closed:
+                raise SeqMoEError(f"cannot {what}: the engine is closed")
+            yield
+        finally:
+            self._busy.release()
 
     def _counters(self) -> dict[str, float]:
         """Cumulative cache counters, by phase where they are split."""

@@ -2,7 +2,9 @@
 
 Events are small immutable records handed to listeners on the generating thread. A
 listener must return quickly; an ``EventBuffer`` is the listener to use from another
-thread (a GUI): it queues events in a bounded buffer that the other thread drains.
+thread (a GUI): it queues events in a bounded buffer that the other thread drains. A
+listener that raises fails the call under way (a reply is lost with it), and leaves the
+engine ready for the next.
 
 When nobody listens, the engine builds no event at all (every emission is guarded by
 ``EventBus.active``), so the stream costs nothing unless it is used.

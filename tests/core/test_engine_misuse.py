@@ -5,6 +5,9 @@ no sense (a link of NaN µs once ran the model on slots never filled)."""
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import pytest
@@ -42,10 +45,31 @@ def test_a_link_speed_set_after_the_engine_was_made_is_checked_when_it_is_used(m
     lambda: Sampling(max_new_tokens=2.5),
     lambda: Sampling(seed=2**70),
     lambda: Sampling(seed=-1),
+    lambda: Sampling(seed=2**32),  # torch's CPU generator would take it as seed 0
 ])
 def test_sampling_that_is_no_count_is_refused(bad) -> None:
     with pytest.raises(SeqMoEError):
         bad()
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-45, 0.001, math.inf, math.nan, 101.0, -1.0])
+def test_a_temperature_at_which_sampling_is_no_sampling_is_refused_when_it_is_given(temperature: float) -> None:
+    # 1e-45 was taken, and generating with it failed as if transformers could not run the model.
+    with pytest.raises(SeqMoEError, match="temperature must be above 0 .*: from 0.01 to 100.0, not"):
+        Sampling(greedy=False, temperature=temperature)
+
+
+def test_the_apps_temperatures_and_seeds_sample(mixtral) -> None:
+    engine = Engine(mixtral)
+    engine.configure("lru", cache_ratio=0.5)
+    for temperature, seed in ((0.01, 0), (2.0, 2**31 - 1), (1.0, 2**32 - 1)):
+        assert engine.generate(PROMPT, Sampling(6, greedy=False, temperature=temperature, seed=seed)).token_ids
+
+
+def test_sampling_cannot_be_changed_past_its_checks() -> None:
+    sampling = Sampling(greedy=False, temperature=0.7)
+    with pytest.raises(FrozenInstanceError):
+        sampling.temperature = 0.0  # generating with it once divided the logits by 0
 
 
 def test_prompts_and_budgets_that_are_no_such_thing_are_refused(mixtral) -> None:
@@ -115,3 +139,91 @@ def test_the_horizon_the_forecasts_reach_is_the_one_reported() -> None:
     engine.horizon = 2
     engine.configure("seqmoe", cache_ratio=0.5)
     assert engine.forecast_horizon == engine.cache.policy.horizon == 2
+
+
+@pytest.mark.parametrize("first", ["generate", "configure"])
+@pytest.mark.parametrize("second", [
+    lambda engine: engine.generate(PROMPT, GREEDY),
+    lambda engine: engine.configure("lru", cache_ratio=0.3),
+    lambda engine: engine.resize(cache_ratio=0.3),
+    lambda engine: engine.close(),
+], ids=["generate", "configure", "resize", "close"])
+def test_a_call_from_another_thread_while_one_is_at_work_is_refused(
+    mixtral, monkeypatch: pytest.MonkeyPatch, first: str, second
+) -> None:
+    # Two replies at once once failed deep in the cache (KeyError) or counted negative misses.
+    engine = Engine(mixtral)
+    engine.configure("lru", cache_ratio=0.5)
+    expected = engine.generate(PROMPT, GREEDY)
+    inside, go_on = threading.Event(), threading.Event()
+
+    def hold(method: Callable[..., object]) -> Callable[..., object]:
+        def held(self: Engine, *args: object) -> object:
+            if not inside.is_set():  # the first call waits here, at work, until the second is done
+                inside.set()
+                go_on.wait(30)
+            return method(self, *args)
+        return held
+
+    monkeypatch.setattr(Engine, "reply_room", hold(Engine.reply_room))  # generate's first step
+    monkeypatch.setattr(Engine, "_make_policy", hold(Engine._make_policy))  # configure's
+    done: list[object] = []
+    calls = {"generate": lambda: engine.generate(PROMPT, GREEDY), "configure": lambda: engine.configure("lru", cache_ratio=0.5)}
+    worker = threading.Thread(target=lambda: done.append(calls[first]()))
+    worker.start()
+    try:
+        assert inside.wait(30)
+        with pytest.raises(SeqMoEError, match="while a reply is generated or the cache is changed"):
+            second(engine)
+    finally:
+        go_on.set()
+        worker.join(60)
+    assert len(done) == 1
+    replies = [engine.generate(PROMPT, GREEDY), *(done if first == "generate" else [])]
+    for reply in replies:
+        assert reply.token_ids == expected.token_ids and reply.stats.cache_slots == expected.stats.cache_slots
+        assert reply.stats.hits + reply.stats.misses == expected.stats.hits + expected.stats.misses
+
+
+def test_a_loaded_model_takes_one_engine_at_a_time(mixtral) -> None:
+    first = Engine(mixtral)
+    first.configure("lru", cache_ratio=0.5)
+    expected = first.generate(PROMPT, GREEDY)
+    with pytest.raises(SeqMoEError, match="another engine uses this model's experts"):
+        Engine(mixtral)
+    first.close()
+    made, waiting = Engine(mixtral), Engine(mixtral)  # neither uses the model yet
+    made.configure("lru", cache_ratio=0.5)
+    for use in (lambda: waiting.configure("lru", cache_ratio=0.3), lambda: waiting.generate(PROMPT, GREEDY)):
+        with pytest.raises(SeqMoEError, match="another engine uses this model's experts"):
+            use()
+    waiting.close()  # leaves the other's cache attached to the model
+    again = made.generate(PROMPT, GREEDY)
+    assert again.token_ids == expected.token_ids and again.stats.cache_slots == expected.stats.cache_slots
+    assert again.stats.hits + again.stats.misses == expected.stats.hits + expected.stats.misses
+
+
+def test_a_closed_engine_refuses_to_generate_or_build_a_cache(mixtral) -> None:
+    engine = Engine(mixtral)
+    engine.configure("lru", cache_ratio=0.5)
+    engine.close()
+    engine.close()  # again: nothing to do
+    for call in (lambda: engine.generate(PROMPT, GREEDY), lambda: engine.configure("lru", cache_ratio=0.5),
+                 lambda: engine.resize(cache_ratio=0.3)):
+        with pytest.raises(SeqMoEError, match="the engine is closed"):
+            call()
+    assert engine.cached_experts == []
+
+
+def test_after_a_configure_that_failed_the_engine_generates_once_one_succeeds(mixtral) -> None:
+    # It used to build its default cache, every expert, which may not fit the budget asked for.
+    engine = Engine(mixtral)
+    engine.configure("lru", cache_ratio=0.3)
+    engine.link_gbps = math.nan
+    with pytest.raises(SeqMoEError, match="the emulated link needs"):
+        engine.configure("lru", cache_ratio=0.3)
+    engine.link_gbps = 25.0
+    with pytest.raises(SeqMoEError, match="configure one before generating"):
+        engine.generate(PROMPT, GREEDY)
+    engine.configure("lru", cache_ratio=0.3)
+    assert engine.generate(PROMPT, GREEDY).stats.cache_slots == engine.geometry.slots_for_ratio(0.3)

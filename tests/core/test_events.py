@@ -257,6 +257,27 @@ def test_a_generation_that_fails_inside_a_layer_leaves_none_of_its_slots_pinned(
     assert engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=TOKENS)).token_ids == reference
 
 
+def test_a_listener_that_fails_at_the_end_of_a_reply_leaves_the_prefetch_books_right(
+    engine: Engine, reference: list[int]
+) -> None:
+    engine.configure("seqmoe", cache_ratio=0.3)
+
+    def listener(event: object) -> None:
+        if isinstance(event, PrefetchUnused):  # heard once the reply's tokens are all out
+            raise RuntimeError("a listener failed")
+
+    engine.events.subscribe(listener)
+    try:
+        with pytest.raises(RuntimeError, match="a listener failed"):
+            engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=TOKENS))
+    finally:
+        engine.events.unsubscribe(listener)
+    assert engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=TOKENS)).token_ids == reference
+    # Each prefetch ends one way (the failed reply's unused ones were counted again by the next).
+    prefetches = engine.cache.prefetches
+    assert prefetches.used + prefetches.unused + prefetches.cancelled == prefetches.issued
+
+
 def test_a_shorter_horizon_forecasts_fewer_layers_and_keeps_the_output(engine: Engine, reference: list[int]) -> None:
     prompt = engine.encode(PROMPT, chat=True)
     limit = engine.max_horizon()
