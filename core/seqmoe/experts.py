@@ -23,6 +23,7 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 from .cache import ExpertCache
 from .events import ExpertsForecast
 from .policies import Forecast
+from .store import aligned_step, grouped_view
 from .threads import one_cpu_thread
 
 IMPLEMENTATION = "seqmoe"
@@ -68,14 +69,20 @@ class ResidentLayer:
         self.tensors = tensors
         self.base = base
         self._by_phase = accesses.unbind()  # views made once, not an indexing op per layer and token
+        self._step = aligned_step(tensors)
         self.decoding = False
         """Set by ``decode_phase``."""
 
     def forward(self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        view = SlotView(module, self.tensors)
-        used = torch.zeros(view.num_experts, dtype=torch.int64, device=index.device)
+        used = torch.zeros(next(iter(self.tensors.values())).shape[0], dtype=torch.int64, device=index.device)
         self._by_phase[self.decoding].add_(used.index_fill_(0, index.reshape(-1), 1).sum())
-        return self.base(view, hidden, index, weights)
+        if index.device.type != "cpu":  # no sync on a GPU for what only the CPU's grouped product gains
+            return self.base(SlotView(module, self.tensors), hidden, index, weights)
+        # The experts used, as few groups as the offloaded layers see theirs: the reference pays
+        # for no group it does not use either.
+        needed = torch.unique(index).tolist()
+        tensors, groups = grouped_view(self.tensors, needed, self._step)
+        return self.base(SlotView(module, tensors), hidden, _slot_lookup(needed, groups, index)[index], weights)
 
 
 class OffloadedLayer:
@@ -133,8 +140,8 @@ class OffloadedLayer:
 
             slots = self.cache.acquire(self.layer, needed, prefill, look_ahead)
             try:
-                tensors, first = self.cache.pool.span(slots)
-                lookup = _slot_lookup(needed, [slot - first for slot in slots], index)
+                tensors, groups = self.cache.pool.view(slots)
+                lookup = _slot_lookup(needed, groups, index)
                 out = self.base(SlotView(module, tensors), hidden, lookup[index], weights)
                 for plan in plans:
                     plan()

@@ -127,17 +127,26 @@ def test_acquired_slots_hold_the_right_weights(cache: ExpertCache) -> None:
 
 # A slot of 3 x 4 bytes in float32 starts 16-byte aligned every 4th slot; of 3 x 2 bytes in bfloat16, every 8th.
 @pytest.mark.parametrize("dtype, step", [(torch.float32, 4), (torch.bfloat16, 8)])
-def test_a_decode_step_computes_on_the_slots_it_uses_seen_from_an_aligned_start(dtype: torch.dtype, step: int) -> None:
-    """Its expert kernel sees the slots from the lowest it uses to the highest, not the whole pool
-    (the CPU's grouped product pays for every group), from a 16-byte aligned slot."""
+def test_a_decode_step_computes_on_the_slots_it_uses_as_few_groups_from_aligned_starts(dtype: torch.dtype, step: int) -> None:
+    """Its expert kernel sees only the slots it uses where strides can show them so, else the slots
+    from the lowest it uses to the highest, not the whole pool (the CPU's grouped product pays for
+    every group), each group 16-byte aligned."""
     layout = ExpertLayout(names=("w",), shapes=((3,),), dtype=dtype, num_experts=4)
-    pool = SlotPool(layout, 32, torch.device("cpu"))
-    pool.tensors["w"].copy_(torch.arange(32, dtype=dtype).unsqueeze(1).expand(32, 3))
-    tensors, first = pool.span([13, 21])
-    assert first == 13 // step * step
-    assert tensors["w"].data_ptr() % 16 == 0
-    assert tensors["w"].shape[0] == 22 - first
-    assert tensors["w"][13 - first, 0].item() == 13 and tensors["w"][21 - first, 0].item() == 21
+    pool = SlotPool(layout, 64, torch.device("cpu"))
+    pool.tensors["w"].copy_(torch.arange(64, dtype=dtype).unsqueeze(1).expand(64, 3))
+
+    def seen(slots: list[int]) -> tuple[int, list[float]]:
+        tensors, groups = pool.view(slots)
+        w = tensors["w"]
+        assert w.data_ptr() % 16 == 0
+        return w.shape[0], [w[group, 0].item() for group in groups]
+
+    aligned = [2 * step, 6 * step, 4 * step]  # evenly spaced, given in any order
+    assert seen(aligned) == (3, [float(slot) for slot in aligned])
+    assert pool.view(aligned)[0]["w"].stride(0) * layout.dtype.itemsize % 16 == 0  # every group aligned too
+    assert seen([5 * step]) == (1, [5.0 * step])
+    assert seen([13, 21]) == (22 - 13 // step * step, [13.0, 21.0])  # 13 is no aligned start: the span
+    assert seen([0, step, 3 * step]) == (3 * step + 1, [0.0, float(step), 3.0 * step])  # not evenly spaced
 
 
 def test_lru_evicts_the_least_recently_used(cache: ExpertCache) -> None:
