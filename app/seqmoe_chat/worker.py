@@ -385,8 +385,11 @@ def _is_engine_error(error: BaseException) -> bool:
 
 def _engine_sampling(settings: SamplingSettings):
     from seqmoe import Sampling
+    from seqmoe.engine import TEMPERATURES
 
-    greedy = settings.temperature <= 0
+    # 0 is greedy; so is a stored value under the engine's least (a hand edit, an import), where
+    # sampling is greedy decoding in all but name.
+    greedy = settings.temperature < TEMPERATURES[0]
     return Sampling(
         max_new_tokens=settings.max_new_tokens,
         greedy=greedy,

@@ -76,7 +76,7 @@ PHASE_COUNTERS = (
 TEMPERATURES = (0.01, 100.0)
 """The sampling temperatures taken. Sampling is defined past both ends, up to where logits divided
 by the temperature overflow, but below it is greedy decoding in all but name and above a uniform
-draw: more likely a slip than a wish (the app's settings go from 0.01 to 2)."""
+draw: more likely a slip than a wish (the app's settings go from 0, greedy, to 2 in steps of 0.01)."""
 
 SEEDS = 2**32
 """Seeds are below this: the CPU's generator keeps the low 32 bits of a seed, so two seeds that
@@ -86,6 +86,7 @@ differ only above them would give the same reply."""
 # are the model's, so a second engine's cache would serve the first's replies, and closing either
 # would take the other's away. Weak: an engine dropped without ``close`` leaves the model free.
 _SERVING: weakref.WeakValueDictionary[int, Engine] = weakref.WeakValueDictionary()
+_SERVING_LOCK = threading.Lock()
 _SERVED = "another engine uses this model's experts; close it first (one engine at a time per loaded model)"
 
 
@@ -123,8 +124,9 @@ class GenerationResult:
 
 class Engine:
     """A loaded model, its expert cache and generation. It takes one call that generates or changes
-    the cache at a time (another, from a thread or a callback, is refused), and a loaded model
-    takes one engine at a time (another is refused until it is closed)."""
+    the cache at a time (another, from a thread or a callback, is refused), and a loaded model's
+    experts are served by one engine's cache at a time (another engine is refused once one has a
+    cache, until that one is closed)."""
 
     def __init__(
         self,
@@ -138,9 +140,8 @@ class Engine:
         _check_link(link_gbps, link_latency_us * 1e-6)
         if not _is_count(context_tokens) or context_tokens < 2:
             raise SeqMoEError(f"a context holds at least a prompt token and a reply token, not {context_tokens} tokens")
-        if id(loaded.model) in _SERVING:
-            raise SeqMoEError(_SERVED)
         self.loaded = loaded
+        self._refuse_if_served()
         self.context_tokens = context_held(context_tokens, loaded.context_limit)
         """Prompt and reply together; the KV cache for them is set aside in a VRAM budget."""
         self.events = EventBus()
@@ -236,9 +237,12 @@ class Engine:
         if policy == "full" and slots < self.geometry.total_experts:
             need = self.geometry.budget_bytes_for(self.geometry.total_experts) / 2**30
             raise BudgetTooSmall(f"the full policy keeps all experts resident: it needs cache ratio 1 ({need:.2f} GiB)")
+        # Before the policy is made: making one may run the model's own code (its routers).
+        self._refuse_if_served()
         chosen = self._make_policy(policy, future)
-        if _SERVING.setdefault(id(self.loaded.model), self) is not self:
-            raise SeqMoEError(_SERVED)
+        with _SERVING_LOCK:
+            if _SERVING.setdefault(id(self.loaded.model), self) is not self:
+                raise SeqMoEError(_SERVED)
         self._teardown()
         # A build that fails leaves no cache, and generate refuses until a configure succeeds: its
         # default for a new engine (every expert) may not fit the budget asked for, and building
@@ -557,6 +561,11 @@ class Engine:
             if _SERVING.get(id(self.loaded.model)) is self:
                 self._teardown()
                 del _SERVING[id(self.loaded.model)]
+
+    def _refuse_if_served(self) -> None:
+        """Refuse when another engine's cache serves this model's experts."""
+        if _SERVING.get(id(self.loaded.model)) not in (None, self):
+            raise SeqMoEError(_SERVED)
 
     @contextmanager
     def _exclusive(self, what: str) -> Iterator[None]:

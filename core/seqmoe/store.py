@@ -185,14 +185,15 @@ def grouped_view(tensors: dict[str, torch.Tensor], experts: Sequence[int], step:
 
     Grouped matrix products visit every expert group of their weights, empty or not (on the CPU
     about a microsecond each), so a decode step's few experts need not pay for all. On the CPU,
-    experts evenly spaced (one or two always are: a decode step of a top-2 model) are seen through
-    strides as one group each. Timed alone on this project's 2-core CPU (one thread, the median of
-    3,000 random pairs, three rounds), the experts of a demo decode layer took 141-148 µs instead of
-    172-174 µs among the 58 slots of cache ratio 0.45 (their span before), and 141-142 µs instead
-    of 152-155 µs among a resident layer's 16, whose grouped products visited all 16. Others, and all on CUDA (whose grouped kernel was not
-    tried with such strides: no GPU here; its decode steps gather their experts anyway,
-    ``DECODE_IMPLEMENTATIONS``), are seen as the span from about the lowest to the highest. Each
-    group starts where the tensors are aligned as the kernels require.
+    experts evenly spaced and starting aligned are seen through strides as one group each: one or
+    two always are (a decode step of a top-2 model) where an expert's tensors take a multiple of
+    16 bytes. Timed alone on this project's 2-core CPU (one thread, the median of 3,000 random
+    pairs, three rounds), the experts of a demo decode layer took 141-148 µs instead of 172-174 µs
+    among the 58 slots of cache ratio 0.45 (their span before), and 141-142 µs instead of
+    152-155 µs among a resident layer's 16, whose grouped products visited all 16. Others, and all
+    on CUDA (whose grouped kernel was not tried with such strides: no GPU here; its decode steps
+    gather their experts anyway, ``DECODE_IMPLEMENTATIONS``), are seen as the span from about the
+    lowest to the highest. Each group starts where the tensors are aligned as the kernels require.
     """
     ordered = sorted(experts)
     first, spacing = ordered[0], ordered[1] - ordered[0] if len(ordered) > 1 else step

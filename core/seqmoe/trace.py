@@ -386,7 +386,7 @@ def read_traces(folder: Path) -> Traces:
         shards.append(tensors)
     try:
         joined = {key: torch.cat([s[key] for s in shards]) for key in shards[0]}
-    except RuntimeError:  # shards whose tensors do not line up
+    except (RuntimeError, KeyError):  # shards whose tensors do not line up, or that lack one
         joined = {}
     if not _fits(joined, model):
         raise SeqMoEError(f"the trace shards in {folder} do not hold the shapes of the model {manifest_file.name} names; trace again")

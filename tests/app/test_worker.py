@@ -242,3 +242,11 @@ def test_a_chats_next_reply_reads_only_the_new_turn(worker: EngineWorker, tiny_m
     second = recorder.of("sig_reply_finished")[1][1]
     assert first.stats["reused_prompt_tokens"] == 0
     assert first.stats["prompt_tokens"] <= second.stats["reused_prompt_tokens"] < second.stats["prompt_tokens"]
+
+
+def test_a_stored_temperature_below_the_engines_least_samples_greedily() -> None:
+    from seqmoe_chat.worker import _engine_sampling
+
+    # A hand-edited or imported chat may hold one: the engine refuses it as a sampling temperature.
+    assert _engine_sampling(SamplingSettings(temperature=0.005)).greedy
+    assert not _engine_sampling(SamplingSettings(temperature=0.01)).greedy

@@ -51,10 +51,7 @@ class DownloadEntry:
         for key, value in values.items():
             if key in known and not _VALID[key](value):
                 raise ValueError(f'"{key}" is {value!r:.80}')
-        entry = cls(**{key: value for key, value in values.items() if key in known})
-        if entry.total_bytes and entry.done_bytes > entry.total_bytes:
-            raise ValueError(f"{entry.repo_id} has {entry.done_bytes} of {entry.total_bytes} bytes done")
-        return entry
+        return cls(**{key: value for key, value in values.items() if key in known})
 
 
 def _is_repo_id(value: object) -> bool:
