@@ -102,6 +102,12 @@ class Sampling:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.greedy, bool):  # "no" would be true
+            raise SeqMoEError(f"greedy is True or False, not {self.greedy!r}")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise SeqMoEError(f"{name} is a number, not {value!r}")
         if not _is_count(self.max_new_tokens) or self.max_new_tokens < 1:
             raise SeqMoEError(f"at least one new token must be asked for, not {self.max_new_tokens}")
         if self.seed is not None and not (_is_count(self.seed) and 0 <= self.seed < SEEDS):

@@ -141,14 +141,17 @@ class EventBus:
         self._lock = threading.Lock()
 
     def subscribe(self, listener: Listener) -> None:
+        """Hear every event from now on; a listener already subscribed stays so, and hears each once."""
+        if not callable(listener):  # else the next layer of a reply would fail calling it
+            raise TypeError(f"a listener is called with each event; {listener!r} cannot be called")
         with self._lock:
-            self._listeners = (*self._listeners, listener)
+            if listener not in self._listeners:
+                self._listeners = (*self._listeners, listener)
 
     def unsubscribe(self, listener: Listener) -> None:
+        """Hear no more events; nothing happens for a listener not subscribed."""
         with self._lock:
-            listeners = list(self._listeners)
-            listeners.remove(listener)
-            self._listeners = tuple(listeners)
+            self._listeners = tuple(known for known in self._listeners if known != listener)
 
     def emit(self, event: Event) -> None:
         for listener in self._listeners:

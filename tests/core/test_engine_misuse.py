@@ -46,6 +46,9 @@ def test_a_link_speed_set_after_the_engine_was_made_is_checked_when_it_is_used(m
     lambda: Sampling(seed=2**70),
     lambda: Sampling(seed=-1),
     lambda: Sampling(seed=2**32),  # torch's CPU generator would take it as seed 0
+    lambda: Sampling(greedy="no"),  # a truthy string would decode greedily
+    lambda: Sampling(greedy=False, temperature="1"),
+    lambda: Sampling(top_p="0.5"),
 ])
 def test_sampling_that_is_no_count_is_refused(bad) -> None:
     with pytest.raises(SeqMoEError):

@@ -298,3 +298,18 @@ def test_a_shorter_horizon_forecasts_fewer_layers_and_keeps_the_output(engine: E
     engine.horizon = None
     assert seen[1] == {1}
     assert max(seen[None]) > 1
+
+
+def test_a_listener_hears_each_event_once_and_leaving_twice_is_harmless() -> None:
+    from seqmoe.events import EventBus, TokenGenerated
+
+    bus, heard = EventBus(), []
+    bus.subscribe(heard.append)
+    bus.subscribe(heard.append)  # a bound method made again is the same listener
+    bus.emit(TokenGenerated(0, 1, 0.1))
+    bus.unsubscribe(heard.append)
+    bus.unsubscribe(heard.append)
+    bus.emit(TokenGenerated(1, 2, 0.2))
+    assert heard == [TokenGenerated(0, 1, 0.1)] and not bus.active
+    with pytest.raises(TypeError, match="cannot be called"):
+        bus.subscribe(42)
