@@ -33,6 +33,7 @@ from .budget import (
     context_held,
     kv_cache_bytes,
 )
+from .counts import is_count
 from .cache import ExpertCache
 from .errors import BudgetTooSmall, ModelCodeFailed, SeqMoEError
 from .events import EventBus, TokenGenerated
@@ -73,6 +74,9 @@ PHASE_COUNTERS = (
     "prefetch_unused",
 )
 
+DEFAULT_POLICY = "lru"
+"""The policy of a cache that ``configure`` is not told otherwise about, and that a first reply
+builds when nothing configured one."""
 TEMPERATURES = (0.01, 100.0)
 """The sampling temperatures taken. Sampling is defined past both ends, up to where logits divided
 by the temperature overflow, but below it is greedy decoding in all but name and above a uniform
@@ -108,9 +112,9 @@ class Sampling:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise SeqMoEError(f"{name} is a number, not {value!r}")
-        if not _is_count(self.max_new_tokens) or self.max_new_tokens < 1:
+        if not is_count(self.max_new_tokens) or self.max_new_tokens < 1:
             raise SeqMoEError(f"at least one new token must be asked for, not {self.max_new_tokens}")
-        if self.seed is not None and not (_is_count(self.seed) and 0 <= self.seed < SEEDS):
+        if self.seed is not None and not (is_count(self.seed) and 0 <= self.seed < SEEDS):
             raise SeqMoEError(f"a seed is a whole number from 0 to 2**32 - 1, not {self.seed}")
         low, high = TEMPERATURES
         if not self.greedy and not low <= self.temperature <= high:
@@ -144,7 +148,7 @@ class Engine:
         predictor_path: Path | None = None,
     ) -> None:
         _check_link(link_gbps, link_latency_us * 1e-6)
-        if not _is_count(context_tokens) or context_tokens < 2:
+        if not is_count(context_tokens) or context_tokens < 2:
             raise SeqMoEError(f"a context holds at least a prompt token and a reply token, not {context_tokens} tokens")
         self.loaded = loaded
         self._refuse_if_served()
@@ -218,7 +222,7 @@ class Engine:
 
     def configure(
         self,
-        policy: str = "lru",
+        policy: str = DEFAULT_POLICY,
         cache_ratio: float | None = None,
         vram_budget_gb: float | None = None,
         future: list[tuple[int, frozenset[int]]] | None = None,
@@ -233,11 +237,7 @@ class Engine:
             self._configure(policy, cache_ratio, vram_budget_gb, future)
 
     def _configure(
-        self,
-        policy: str = "lru",
-        cache_ratio: float | None = None,
-        vram_budget_gb: float | None = None,
-        future: list[tuple[int, frozenset[int]]] | None = None,
+        self, policy: str, cache_ratio: float | None, vram_budget_gb: float | None, future: list[tuple[int, frozenset[int]]] | None
     ) -> None:
         slots = self._slots(cache_ratio, vram_budget_gb)
         if policy == "full" and slots < self.geometry.total_experts:
@@ -374,7 +374,7 @@ class Engine:
         horizon = self.horizon
         if horizon is None:
             return limit
-        if not _is_count(horizon) or horizon < 1:
+        if not is_count(horizon) or horizon < 1:
             raise SeqMoEError(f"the forecast horizon is a number of MoE layers, at least 1, not {horizon!r}")
         return min(horizon, limit)
 
@@ -479,7 +479,7 @@ class Engine:
         if self.policy_name == "none":
             if self._build_failed:
                 raise SeqMoEError("the last configure failed and left no cache; configure one before generating")
-            self._configure()
+            self._configure(DEFAULT_POLICY, None, None, None)  # as configure() with no arguments
         kept, self._kept = self._kept, None
         reused = kept.reuse_for(prompt_ids) if kept is not None and keep_context else 0
         before = self._counters()
@@ -690,10 +690,6 @@ def _one_token_a_step() -> dict[str, object]:
         "disable_compile": True,
     }
     return {name: value for name, value in fields.items() if hasattr(plain, name)}
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_link(gbps: float, latency_s: float) -> None:

@@ -62,7 +62,7 @@ def base_implementation(module: nn.Module, name: str) -> ExpertsFn:
 
 
 class ResidentLayer:
-    """All experts of the layer on the device (the ``full`` policy): no copies, no sync."""
+    """All experts of the layer on the device (the ``full`` policy): no copies, and no sync on a GPU."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], base: ExpertsFn, accesses: torch.Tensor) -> None:
         """``accesses``: ``[prefill, decode]`` counts of the experts the layers use, kept on the device."""
@@ -74,13 +74,15 @@ class ResidentLayer:
         """Set by ``decode_phase``."""
 
     def forward(self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        used = torch.zeros(next(iter(self.tensors.values())).shape[0], dtype=torch.int64, device=index.device)
-        self._by_phase[self.decoding].add_(used.index_fill_(0, index.reshape(-1), 1).sum())
-        if index.device.type != "cpu":  # no sync on a GPU for what only the CPU's grouped product gains
+        counts = self._by_phase[self.decoding]
+        if index.device.type != "cpu":  # counted on the device: no sync for a gain only the CPU's grouped product has
+            used = torch.zeros(next(iter(self.tensors.values())).shape[0], dtype=torch.int64, device=index.device)
+            counts.add_(used.index_fill_(0, index.reshape(-1), 1).sum())
             return self.base(SlotView(module, self.tensors), hidden, index, weights)
         # The experts used, as few groups as the offloaded layers see theirs: the reference pays
         # for no group it does not use either.
         needed = torch.unique(index).tolist()
+        counts.add_(len(needed))
         tensors, groups = grouped_view(self.tensors, needed, self._step)
         return self.base(SlotView(module, tensors), hidden, _slot_lookup(needed, groups, index)[index], weights)
 

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 
 from transformers import PretrainedConfig
 
+from .counts import is_count
+
 
 def layer_configs(config: PretrainedConfig) -> list[PretrainedConfig]:
     """The text config of each decoder layer: the same object for every layer unless they differ."""
@@ -29,7 +31,7 @@ def largest_int(config: PretrainedConfig, keys: Iterable[str]) -> int:
     for layer in layer_configs(config) or [config.get_text_config()]:
         for key in keys:
             value = getattr(layer, key, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            if is_count(value, 1):
                 largest = max(largest, value)
                 break
     return largest

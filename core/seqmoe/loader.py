@@ -37,6 +37,7 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
 )
 
+from .counts import is_count
 from .errors import ModelRefused, SeqMoEError
 from .hub_files import IN_A_FOLDER, INDEX_FILE, SMALL_PATTERNS, WEIGHT_PATTERN, index_shards, indexed_weights
 from .layer_configs import largest_int
@@ -101,7 +102,7 @@ class LoadedModel:
 def context_limit(config: PretrainedConfig) -> int | None:
     """The most positions (prompt and reply) the model was built for, when its config says."""
     value = getattr(config.get_text_config(), "max_position_embeddings", None)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return value if is_count(value, 1) else None
 
 
 def resolve(model: str) -> Path:

@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import DynamicCache
 
+from .counts import is_count
 from .errors import SeqMoEError
 from .experts import decode_phase
 from .loader import LoadedModel
@@ -372,7 +373,7 @@ def read_traces(folder: Path) -> Traces:
         isinstance(shard, dict) and isinstance(shard.get("file"), str) and isinstance(shard.get("tokens"), int)
         for shard in listed
     ) or not all(isinstance(model.get(key), str) for key in ("name", "config_sha256")) or not all(
-        _count(model.get(key)) for key in ("moe_layers", "num_experts", "top_k", "hidden_size")
+        is_count(model.get(key), 1) for key in ("moe_layers", "num_experts", "top_k", "hidden_size")
     ):
         raise SeqMoEError(f"{manifest_file} is damaged: it lacks the traced model or the list of shards; trace again")
     shards = []
@@ -391,10 +392,6 @@ def read_traces(folder: Path) -> Traces:
     if not _fits(joined, model):
         raise SeqMoEError(f"the trace shards in {folder} do not hold the shapes of the model {manifest_file.name} names; trace again")
     return Traces(manifest=manifest, **joined)
-
-
-def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _fits(tensors: dict[str, torch.Tensor], model: dict[str, object]) -> bool:

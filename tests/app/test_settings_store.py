@@ -133,7 +133,15 @@ def test_sampling_values_of_the_wrong_type_or_out_of_range_keep_their_defaults(
     assert settings.engine.vram_budget_gb is None
 
 
-@pytest.mark.parametrize("content", ["{not json", json.dumps({"format": "something else", "version": 1}), "[]"])
+@pytest.mark.parametrize("content", [
+    "{not json", json.dumps({"format": "something else", "version": 1}), "[]",
+    # Each of these, of the wrong shape, stopped the app at its start.
+    json.dumps({"format": SETTINGS_FORMAT, "version": 2, "engine": "fast"}),
+    json.dumps({"format": SETTINGS_FORMAT, "version": 1, "engine": 5}),
+    json.dumps({"format": SETTINGS_FORMAT, "version": SCHEMA_VERSION, "sampling": [0.7]}),
+    f'{{"format": "{SETTINGS_FORMAT}", "version": {SCHEMA_VERSION}, "panel_hz": {"9" * 5000}}}',
+    "[" * 100_000,
+])
 def test_a_damaged_or_foreign_file_gives_the_defaults_and_is_kept_aside(tmp_path: Path, content: str) -> None:
     path = tmp_path / SETTINGS_NAME
     path.write_text(content)
@@ -143,23 +151,6 @@ def test_a_damaged_or_foreign_file_gives_the_defaults_and_is_kept_aside(tmp_path
     assert kept.read_text() == content and kept.name in store.notice and "defaults" in store.notice
     store.save(Settings(theme="dark"))
     assert kept.read_text() == content
-
-
-@pytest.mark.parametrize("content", [
-    json.dumps({"format": SETTINGS_FORMAT, "version": 2, "engine": "fast"}),
-    json.dumps({"format": SETTINGS_FORMAT, "version": 1, "engine": 5}),
-    json.dumps({"format": SETTINGS_FORMAT, "version": SCHEMA_VERSION, "sampling": [0.7]}),
-    f'{{"format": "{SETTINGS_FORMAT}", "version": {SCHEMA_VERSION}, "panel_hz": {"9" * 5000}}}',
-    "[" * 100_000,
-])
-def test_a_file_of_the_wrong_shape_gives_the_defaults_and_is_kept_aside(tmp_path: Path, content: str) -> None:
-    # Each of these stopped the app at its start.
-    path = tmp_path / SETTINGS_NAME
-    path.write_text(content)
-    store = SettingsStore(path)
-    assert store.load() == Settings()
-    (kept,) = tmp_path.glob(f"{SETTINGS_NAME}.broken-*")
-    assert kept.read_text() == content and kept.name in store.notice and "defaults" in store.notice
 
 
 @pytest.mark.parametrize("engine", [

@@ -6,6 +6,7 @@ import gc
 import threading
 import weakref
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -234,6 +235,16 @@ def test_a_grow_the_device_has_no_memory_for_keeps_the_cache_and_its_experts(
     assert engine.generate(prompt, Sampling(max_new_tokens=TOKENS)).token_ids == reference
 
 
+def reply_failing_in(engine: Engine, listener: Callable[[object], None]) -> None:
+    """A reply that fails as ``listener``, which raises "a listener failed", hears its events."""
+    engine.events.subscribe(listener)
+    try:
+        with pytest.raises(RuntimeError, match="a listener failed"):
+            engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=TOKENS))
+    finally:
+        engine.events.unsubscribe(listener)
+
+
 @pytest.mark.parametrize("failing", [LayerRouted, ExpertsForecast])
 def test_a_generation_that_fails_inside_a_layer_leaves_none_of_its_slots_pinned(
     engine: Engine, reference: list[int], failing: type
@@ -247,12 +258,7 @@ def test_a_generation_that_fails_inside_a_layer_leaves_none_of_its_slots_pinned(
             if seen[failing] == 20:  # in the reply, between a layer's acquire and its release
                 raise RuntimeError("a listener failed")
 
-    engine.events.subscribe(listener)
-    try:
-        with pytest.raises(RuntimeError, match="a listener failed"):
-            engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=TOKENS))
-    finally:
-        engine.events.unsubscribe(listener)
+    reply_failing_in(engine, listener)
     assert not any(engine.cache.pool.pins)
     assert engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=TOKENS)).token_ids == reference
 
@@ -266,12 +272,7 @@ def test_a_listener_that_fails_at_the_end_of_a_reply_leaves_the_prefetch_books_r
         if isinstance(event, PrefetchUnused):  # heard once the reply's tokens are all out
             raise RuntimeError("a listener failed")
 
-    engine.events.subscribe(listener)
-    try:
-        with pytest.raises(RuntimeError, match="a listener failed"):
-            engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=TOKENS))
-    finally:
-        engine.events.unsubscribe(listener)
+    reply_failing_in(engine, listener)
     assert engine.generate(engine.encode(PROMPT, chat=True), Sampling(max_new_tokens=TOKENS)).token_ids == reference
     # Each prefetch ends one way (the failed reply's unused ones were counted again by the next).
     prefetches = engine.cache.prefetches

@@ -50,10 +50,10 @@ class SamplingSettings:
         defaults = cls()
         seed = values.get("seed")
         return cls(
-            temperature=_within(values.get("temperature"), TEMPERATURES, defaults.temperature, float),
-            top_p=_within(values.get("top_p"), TOP_PS, defaults.top_p, float),
-            max_new_tokens=_within(values.get("max_new_tokens"), MAX_NEW_TOKENS, defaults.max_new_tokens, int),
-            seed=None if seed is None else _within(seed, SEEDS, defaults.seed, int),
+            temperature=within(values.get("temperature"), TEMPERATURES, defaults.temperature, float),
+            top_p=within(values.get("top_p"), TOP_PS, defaults.top_p, float),
+            max_new_tokens=within(values.get("max_new_tokens"), MAX_NEW_TOKENS, defaults.max_new_tokens, int),
+            seed=None if seed is None else within(seed, SEEDS, defaults.seed, int),
         )
 
 
@@ -68,7 +68,9 @@ def is_number(value: Any) -> bool:
         return False
 
 
-def _within(value: object, bounds: tuple[float, float], default: Any, kind: type) -> Any:
+def within(value: object, bounds: tuple[float, float], default: Any, kind: type) -> Any:
+    """``value`` as ``kind`` when it is one (an int for ``int``, else a finite number) within
+    ``bounds``; else ``default``."""
     exact = isinstance(value, int) and not isinstance(value, bool) if kind is int else is_number(value)
     if not exact or not bounds[0] <= value <= bounds[1]:
         return default

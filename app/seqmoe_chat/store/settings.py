@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..models.json_file import set_aside, write_json
-from .records import SamplingSettings, is_number
+from .records import SamplingSettings, is_number, within
 
 log = logging.getLogger(__name__)
 
@@ -93,17 +93,11 @@ class EngineOptions:
         if options.link_setup is not None and not isinstance(options.link_setup, str):
             options.link_setup = defaults.link_setup
         # Within what the settings dialog's spin boxes hold: one past a C int would stop it opening.
-        if not is_number(options.link_gbps) or not LINK_GBPS[0] <= options.link_gbps <= LINK_GBPS[1]:
-            options.link_gbps = defaults.link_gbps
-        if options.horizon is not None and not _is_int_within(options.horizon, 1, MAX_HORIZON):
-            options.horizon = defaults.horizon
-        if not _is_int_within(options.context_tokens, *CONTEXT_TOKENS):
-            options.context_tokens = defaults.context_tokens
+        options.link_gbps = within(options.link_gbps, LINK_GBPS, defaults.link_gbps, float)
+        if options.horizon is not None:
+            options.horizon = within(options.horizon, (1, MAX_HORIZON), defaults.horizon, int)
+        options.context_tokens = within(options.context_tokens, CONTEXT_TOKENS, defaults.context_tokens, int)
         return options
-
-
-def _is_int_within(value: object, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 @dataclass

@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 
+from ..counts import is_count
 from ..errors import SeqMoEError
 from ..threads import one_cpu_thread
 from ..user_files import replacing, writing
@@ -56,7 +57,7 @@ class PredictorConfig:
         sizes = ("hidden_size", "num_layers", "num_experts", "top_k", "horizon", "width", "reuse_width")
         for name in sizes:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_count(value, 1):
                 raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
         if not isinstance(self.model, dict) or not isinstance(self.report, dict):
             raise ValueError("model and report must be JSON objects")
@@ -66,7 +67,7 @@ class PredictorConfig:
             and all(isinstance(value, (int, float)) for row in self.frequency for value in row)
         ):
             raise ValueError(f"frequency must be {self.num_layers} lists of {self.num_experts} numbers")
-        if not all(isinstance(runs, int) and not isinstance(runs, bool) for runs in self.reuse_horizons):
+        if not all(is_count(runs) for runs in self.reuse_horizons):
             raise ValueError(f"reuse_horizons must be whole numbers, got {self.reuse_horizons!r}")
 
     def prior(self) -> torch.Tensor:
