@@ -325,8 +325,8 @@ def predictor_note(engine: Engine) -> str:
     path = predictor_file(engine)
     if path is not None:
         return f"seqmoe forecasts with the predictor {path}"
-    return (f"seqmoe has no calibrated predictor for {engine.loaded.path.name} and forecasts one layer ahead with "
-            f"the next layer's router; `seqmoe calibrate --model {engine.loaded.path}` trains one")
+    return (f"seqmoe has no calibrated predictor for {engine.loaded.path.name} and loads the next layer's "
+            f"top-k from its router, as gate does; `seqmoe calibrate --model {engine.loaded.path}` trains one")
 
 
 def predictor_file(engine: Engine) -> str | None:

@@ -49,8 +49,8 @@ from .policies import (
     LRUPolicy,
     OraclePolicy,
     Policy,
+    RouterSeqMoEPolicy,
     SeqMoEPolicy,
-    next_layer_distribution,
 )
 from .predictor.calibration import find_predictor
 from .predictor.model import ExpertPredictor, load_predictor
@@ -336,8 +336,7 @@ class Engine:
         if name == "seqmoe":
             predictor = self.predictor()
             if predictor is None:
-                prior = torch.full((layers, experts), top_k / experts)
-                return SeqMoEPolicy(self._gate_forecaster(), layers, prior)
+                return RouterSeqMoEPolicy(self._look_ahead, experts, top_k)
             prior = predictor.config.prior()
             reuse = predictor.reuse.later_values if predictor.reuse is not None else None
             horizon = self._horizon_within(predictor.config.horizon)
@@ -348,11 +347,6 @@ class Engine:
             lookahead = layers if name == ORACLE_NEXT else None
             return OraclePolicy(future, layers, experts, lookahead=lookahead)
         raise SeqMoEError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
-
-    def _gate_forecaster(self) -> Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor]:
-        """Until a predictor is calibrated: the next layer's router on this hidden state, horizon 1."""
-        routers = self._look_ahead
-        return lambda hidden, layer, routed: next_layer_distribution(routers, layer, hidden).unsqueeze(0)
 
     @cached_property
     def _look_ahead(self) -> list[RouterLogits]:

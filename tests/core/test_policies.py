@@ -23,6 +23,7 @@ from seqmoe.policies import (
     GatePolicy,
     OraclePolicy,
     Policy,
+    RouterSeqMoEPolicy,
     SeqMoEPolicy,
     flat_indices,
 )
@@ -937,3 +938,26 @@ def test_the_oracle_starts_with_the_experts_the_run_uses_first() -> None:
     future = [(1, frozenset({2, 0})), (2, frozenset({1})), (1, frozenset({0, 3})), (3, frozenset({3}))]
     assert OraclePolicy(future, LAYERS, EXPERTS).warm_order(4) == [(1, 0), (1, 2), (2, 1), (1, 3)]
     assert OraclePolicy(future, LAYERS, EXPERTS, lookahead=2).warm_order(4) == [(1, 0), (1, 2), (2, 1)]
+
+
+def test_seqmoe_without_a_predictor_loads_the_routers_top_k_as_gate_does_and_evicts_by_belady() -> None:
+    routers = [torch.nn.Linear(2, EXPERTS, bias=False) for _ in range(LAYERS)]
+    with torch.no_grad():
+        for router in routers:  # on the hidden state (1, 0): experts 0 and 1 first, at 0.70 and 0.26
+            router.weight.copy_(torch.tensor([[3.0, 0.0], [2.0, 0.0], [0.0, 0.0], [-1.0, 0.0]]))
+    policy = RouterSeqMoEPolicy(routers, EXPERTS, top_k=2)
+    cache = make_cache(4, policy)
+    for _ in range(8):  # (2, 1) is used at every token, (3, 2) once, after it
+        cache.release(cache.acquire(2, [1], prefill=False))
+    cache.release(cache.acquire(3, [2], prefill=False))
+    slots = cache.acquire(0, [3], prefill=False)
+    with torch.no_grad():  # as the engine generates
+        forecasts = policy.forecast(0, torch.tensor([1.0, 0.0]), torch.tensor([3]))
+    assert sorted(f.key for f in forecasts) == [(1, 0), (1, 1)]
+    cache.link_load = 9.0  # the schedule would admit nothing below 0.9 here
+    cache.plan(forecasts)
+    cache.release(slots)
+    # Both guesses load, as gate's do; the one slot they need beyond the free one is taken from
+    # (3, 2), seldom used, not from (2, 1), the least recently used.
+    assert {(1, 0), (1, 1), (2, 1)} <= set(cache.pool.slot_of) and cache.prefetches.issued == 2
+    cache.copier.close()
