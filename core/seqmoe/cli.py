@@ -14,6 +14,7 @@ from .errors import SeqMoEError
 from .hardware import DEFAULT_SETUP, HARDWARE, SETUPS, SHAPES
 from .policies import POLICY_NAMES
 from .predictor.calibration import CALIBRATION_TOKENS
+from .predictor.model import MAX_HORIZON, MAX_WIDTH
 from .resources import demo_model_dir
 from .simulate import SIMULATED_POLICIES
 from .user_files import check_output, read_text
@@ -69,9 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train-predictor", help="train the SeqMoE predictor on routing traces")
     train.add_argument("--traces", type=_path, required=True)
     train.add_argument("--out", type=_path, required=True, help="predictor file (.safetensors; a .json config goes beside it)")
-    train.add_argument("--horizon", type=_positive, default=8, help="how many MoE layers ahead to forecast")
+    train.add_argument("--horizon", type=_horizon, default=8, help="how many MoE layers ahead to forecast")
     train.add_argument("--epochs", type=_positive, default=15)
-    train.add_argument("--width", type=_positive, default=192, help="the predictor's model width")
+    train.add_argument("--width", type=_width, default=192, help="the predictor's model width")
 
     evaluate = commands.add_parser("eval-predictor", help="forecast quality of the predictor and the baselines")
     add_model_arguments(evaluate)
@@ -132,12 +133,20 @@ def _context(text: str) -> int:
     return _whole_at_least(text, 2, "a context of at least 2 tokens (a prompt token and a reply token)")
 
 
-def _whole_at_least(text: str, least: int, expected: str) -> int:
+def _horizon(text: str) -> int:
+    return _whole_at_least(text, 1, f"a whole number of MoE layers from 1 to {MAX_HORIZON}", most=MAX_HORIZON)
+
+
+def _width(text: str) -> int:
+    return _whole_at_least(text, 1, f"a whole number from 1 to {MAX_WIDTH}", most=MAX_WIDTH)
+
+
+def _whole_at_least(text: str, least: int, expected: str, most: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         value = least - 1
-    if value < least:
+    if value < least or (most is not None and value > most):
         raise argparse.ArgumentTypeError(f"{expected}, not {text!r}")
     return value
 

@@ -326,7 +326,7 @@ def test_a_predictor_config_with_values_of_the_wrong_kind_is_refused_in_one_line
     save_predictor(train_predictor(read_traces(traced[1]), TrainingOptions(epochs=1, width=16), progress=False), path)
     config = json.loads(path.with_suffix(".json").read_text())
     edits = [{"width": "abc"}, {"horizon": -1}, {"top_k": "2"}, {"model": 5}, {"frequency": "x"}, {"frequency": [[0.5]]},
-             {"reuse_horizons": [2, 1]}]
+             {"reuse_horizons": [2, 1]}, {"width": 10**8}, {"horizon": 10**6}]
     for edit in edits:
         path.with_suffix(".json").write_text(json.dumps({**config, **edit}))
         with pytest.raises(SeqMoEError, match="p.json is not a predictor config of this seqmoe version: ") as refused:

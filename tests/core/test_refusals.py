@@ -308,6 +308,17 @@ def test_counts_below_their_least_are_refused_by_name(capsys: pytest.CaptureFixt
 
 
 @pytest.mark.parametrize("argv", [
+    ["train-predictor", "--traces", "t", "--out", "p.safetensors", "--width", "100000000"],
+    ["train-predictor", "--traces", "t", "--out", "p.safetensors", "--horizon", "1000000"],
+])
+def test_a_predictor_too_large_to_make_is_refused_by_name(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    # It used to end in a traceback from the allocator (a width of 10**8 asked for 77 GB).
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2 and f"argument {argv[-2]}: a whole number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
     ["generate", "--prompt", "hi", "--model", ""],
     ["simulate", "--traces", " "],
     ["trace", "--text", "t.txt", "--out", ""],

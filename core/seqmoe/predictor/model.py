@@ -34,6 +34,13 @@ from ..user_files import replacing, writing
 from .reuse import ReuseHead
 
 
+MAX_WIDTH = 4096
+"""The widest predictor made or loaded: one runs within a few percent of a decode layer's compute,
+far below this; a width of millions only fails to allocate."""
+MAX_HORIZON = 256
+"""The farthest forecast made or loaded, in MoE layers: a few tokens of the deepest models."""
+
+
 @dataclass
 class PredictorConfig:
     hidden_size: int
@@ -59,6 +66,9 @@ class PredictorConfig:
             value = getattr(self, name)
             if not is_count(value, 1):
                 raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+        for name, most in (("width", MAX_WIDTH), ("reuse_width", MAX_WIDTH), ("horizon", MAX_HORIZON)):
+            if getattr(self, name) > most:
+                raise ValueError(f"{name} must be at most {most}, got {getattr(self, name)}")
         if not isinstance(self.model, dict) or not isinstance(self.report, dict):
             raise ValueError("model and report must be JSON objects")
         if self.frequency and not (
