@@ -6,6 +6,8 @@ from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QLabel
 
+from .tooltips import plain_tooltip
+
 
 class ElidedLabel(QLabel):
     """One line of text that asks for room to show all of it but makes do with less, elided
@@ -18,7 +20,7 @@ class ElidedLabel(QLabel):
 
     def set_full_text(self, text: str) -> None:
         self._full = text
-        self.setToolTip(text)
+        self.setToolTip(plain_tooltip(text))
         self._elide()
         self.updateGeometry()
 

@@ -13,6 +13,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
 
 from .elided_label import ElidedLabel
+from .tooltips import plain_tooltip
 from .worker import ModelInfo
 
 DEMO_LABEL = "SeqMoE demo (bundled)"
@@ -84,7 +85,7 @@ class ModelBar(QWidget):
         self._set_loading(False)
         self.load_button.setText("Reload")
         self.unload_button.setEnabled(True)
-        self.models.setToolTip(f"{info.path}\n{info.architecture} on {info.device}")
+        self.models.setToolTip(plain_tooltip(f"{info.path}\n{info.architecture} on {info.device}"))
 
     def show_unloaded(self) -> None:
         self._set_loading(False)

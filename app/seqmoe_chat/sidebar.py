@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from .store import ConversationSummary
+from .tooltips import plain_tooltip
 from .transcripts.export import FORMAT_NAMES
 
 ID_ROLE = Qt.ItemDataRole.UserRole
@@ -151,7 +152,7 @@ class Sidebar(QWidget):
             item = QListWidgetItem(summary.title)
             item.setData(ID_ROLE, summary.id)
             item.setData(SNIPPET_ROLE, summary.snippet)
-            item.setToolTip(summary.snippet or summary.title)
+            item.setToolTip(plain_tooltip(summary.snippet or summary.title))
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self.list.addItem(item)
             if summary.id == current_id:

@@ -6,6 +6,7 @@ from typing import Any
 
 from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
 
+from .tooltips import plain_tooltip
 from .transcripts.reply_stats import generating
 from .worker import ModelInfo
 
@@ -29,8 +30,8 @@ class StatusBar(QStatusBar):
             self.model.setToolTip("")
             return
         self.model.setText(info.name)
-        self.model.setToolTip(f"{info.path}\n{info.architecture}, policy {info.policy}, "
-                              f"cache {info.cache_slots}/{info.total_experts} experts")
+        self.model.setToolTip(plain_tooltip(f"{info.path}\n{info.architecture}, policy {info.policy}, "
+                                            f"cache {info.cache_slots}/{info.total_experts} experts"))
         self.device.setText(info.device)
 
     def show_speed(self, tokens: int, seconds: float) -> None:

@@ -12,8 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from PySide6 import QtGui
 from PySide6.QtCore import QStandardPaths, Qt
-from PySide6.QtGui import QPalette
+from PySide6.QtGui import QPalette, QTextDocument
 from PySide6.QtWidgets import QApplication, QDialog, QMessageBox
 
 from seqmoe_chat import dialogs, export_task
@@ -50,6 +51,23 @@ def test_ctrl_n_starts_a_new_chat_and_the_list_switches_between_chats(qtbot, win
     assert [text for _, text in [(w.message.role, w.body.source_text) for w in window.chat.widgets.values()]][0] == "About cats"
     assert window.header.title.toolTip() == "About cats"
 
+
+
+def shown_as(tooltip: str) -> str:
+    """The text a tooltip shows: Qt renders one that looks like HTML as HTML."""
+    if not QtGui.Qt.mightBeRichText(tooltip):
+        return tooltip
+    document = QTextDocument()
+    document.setHtml(tooltip)
+    return document.toPlainText()
+
+
+def test_a_title_that_looks_like_html_shows_as_written_in_its_tooltips(qtbot, window) -> None:
+    text = "<b>Bold</b> claims & <img src='x.png'> tags"
+    chat(qtbot, window, text)
+    item = window.sidebar.list.item(0)
+    assert item.text() == text and shown_as(item.toolTip()) == text
+    assert shown_as(window.header.title.toolTip()) == text
 
 def test_a_long_title_is_cut_short_in_the_list_without_a_sideways_scroll_bar(qtbot, window) -> None:
     chat(qtbot, window, "Hello! What do you like to do on weekends, and which of them would you recommend?")
