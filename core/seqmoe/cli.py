@@ -407,10 +407,14 @@ def run_simulate(args: argparse.Namespace) -> int:
     predictor = None
     if "seqmoe" in policies:
         path = args.predictor or find_predictor_for(traces.manifest["model"])
-        if path is None:
-            raise SeqMoEError("no predictor for the traced model: give --predictor FILE or run `seqmoe calibrate` first")
-        predictor = load_predictor(path, traces.manifest["model"])
-    routers = traced_routers(args.model, traces.manifest["model"]) if "gate" in policies else None
+        if path is not None:
+            predictor = load_predictor(path, traces.manifest["model"])
+        else:
+            print(f"no predictor for {traces.manifest['model'].get('name')}: seqmoe is replayed as the engine runs it "
+                  "until one is calibrated, loading the next layer's top-k from its router (`seqmoe calibrate` "
+                  "trains one, or give --predictor FILE)", file=sys.stderr)
+    needs_routers = "gate" in policies or ("seqmoe" in policies and predictor is None)
+    routers = traced_routers(args.model, traces.manifest["model"]) if needs_routers else None
     if not 0 < args.compute_efficiency <= 1:
         raise SeqMoEError("--compute-efficiency is a share of the memory bandwidth: above 0, at most 1")
     if not 0 < args.packed_share <= 1:

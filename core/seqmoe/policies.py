@@ -577,13 +577,13 @@ class RouterSeqMoEPolicy(SeqMoEPolicy):
 
     speculative = True
 
-    def __init__(self, routers: Sequence[RouterLogits], num_experts: int, top_k: int) -> None:
+    def __init__(self, routers: Sequence[RouterLogits], num_experts: int, top_k: int, stride: int | None = None) -> None:
         layers = len(routers)
 
         def predict(hidden: torch.Tensor, layer: int, routed: torch.Tensor) -> torch.Tensor:
             return next_layer_distribution(routers, layer, hidden).unsqueeze(0)
 
-        super().__init__(predict, layers, torch.full((layers, num_experts), top_k / num_experts))
+        super().__init__(predict, layers, torch.full((layers, num_experts), top_k / num_experts), stride=stride)
         self.top_k = top_k
 
     def forecast(self, layer: int, hidden: torch.Tensor, routed: torch.Tensor) -> Sequence[Forecast]:

@@ -23,7 +23,7 @@ from .compression import RawExpert
 from .errors import BudgetTooSmall
 from .events import EventBus
 from .hardware import Hardware, ModelShape
-from .policies import ORACLE_NEXT, ORACLES, GatePolicy, LRUPolicy, OraclePolicy, Policy, SeqMoEPolicy
+from .policies import ORACLE_NEXT, ORACLES, GatePolicy, LRUPolicy, OraclePolicy, Policy, RouterSeqMoEPolicy, SeqMoEPolicy
 from .predictor.model import ExpertPredictor
 from .routers import RouterLogits
 from .stats import hits_share, late_share
@@ -166,8 +166,8 @@ def simulate(
     routers: list[RouterLogits] | None = None,
 ) -> SimulationResult:
     """Replay each document of ``traces``, its prefill chunks then its decode tokens, through the
-    cache, as the engine would run them; decode figures are reported. ``seqmoe`` needs the
-    ``predictor``, ``gate`` the traced model's ``routers``."""
+    cache, as the engine would run them; decode figures are reported. ``gate`` needs the traced
+    model's ``routers``, and so does ``seqmoe`` without a ``predictor``, as the engine runs it then."""
     layers, experts = traces.experts.shape[1], traces.probs.shape[-1]
     host = _NoWeights(layers, experts)
     slots = cache_slots(traces, cache_ratio)
@@ -263,8 +263,10 @@ def _policy(
         lookahead = layers if name == ORACLE_NEXT else None
         return OraclePolicy([(s.layer, frozenset(s.experts)) for s in steps], layers, experts, lookahead=lookahead)
     if name == "seqmoe":
-        if predictor is None:
-            raise ValueError("the seqmoe policy needs a predictor")
+        if predictor is None:  # as the engine runs it until a predictor is calibrated
+            if routers is None:
+                raise ValueError("the seqmoe policy needs a predictor, or the traced model's routers")
+            return RouterSeqMoEPolicy(routers, experts, traces.experts.shape[2], stride=1)
         prior = predictor.config.prior()
         predict: Callable = predictor.predict
         reuse = predictor.reuse.later_values if predictor.reuse is not None else None

@@ -109,6 +109,20 @@ def test_simulated_gate_loads_the_traced_routers_guesses(traced: tuple[Path, Pat
     assert rows["gate"]["h2d_bytes_per_token"] > rows["lru"]["h2d_bytes_per_token"]
 
 
+def test_simulated_seqmoe_without_a_predictor_replays_the_engines_router_fallback(
+    traced: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, out = traced
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no calibrated predictor for the tiny model
+    status = main(["simulate", "--traces", str(out), "--policies", "gate,seqmoe", "--cache-ratios", "0.5",
+                   "--model", str(model), "--json"])
+    captured = capsys.readouterr()
+    rows = {row["policy"]: row for row in json.loads(captured.out)["rows"]}
+    assert status == 0 and "seqmoe is replayed as the engine runs it until one is calibrated" in captured.err
+    # It loads the same guesses as gate, the router's top-k of the next layer; some go unused.
+    assert rows["seqmoe"]["tokens"] == rows["gate"]["tokens"] > 0
+    assert 0 < rows["seqmoe"]["unused_prefetch_fraction"] < 1
+
 def test_simulated_gate_refuses_routers_of_another_model(
     traced: tuple[Path, Path], mixtral_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
