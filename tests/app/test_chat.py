@@ -249,6 +249,16 @@ def test_html_in_a_message_is_shown_as_the_text_it_is(qtbot) -> None:
     assert view.toPlainText() == 'What does <div class="x"> do? And <br> or <span style="font-size:400px">big</span>?\nThat is all.'
 
 
+def test_a_paragraph_of_thousands_of_emphases_is_shown_as_plain_text(qtbot) -> None:
+    # Laid out as Markdown, 50,000 changes of format in one paragraph held the GUI thread for seconds.
+    view = MarkdownView()
+    qtbot.addWidget(view)
+    text = "*a" * 50_000
+    view.set_markdown(text)
+    assert view.toPlainText() == text and view.source_text == text
+    view.set_markdown("*a* " * 100)  # a paragraph of ordinary emphasis is still Markdown
+    assert view.toPlainText() == "a " * 99 + "a"
+
 def laid_out_as_plain_text(label: QLabel) -> bool:
     """Whether ``label`` takes the room its text takes as plain text: markup in it shows as typed."""
     plain = QLabel(label.text())
