@@ -81,6 +81,58 @@ def test_a_database_another_program_holds_or_that_is_read_only_is_left_as_it_is_
     assert [s.title for s in ConversationStore(open_database(path).connection).summaries()] == ["Keep me"]
 
 
+def _failure(code: int, reason: str) -> sqlite3.OperationalError:
+    """What SQLite raises for ``code`` (chmod and full disks bind no root, so they are told)."""
+    error = sqlite3.OperationalError(reason)
+    error.sqlite_errorcode = code
+    return error
+
+
+@pytest.mark.parametrize(("code", "reason"), [
+    (sqlite3.SQLITE_FULL, "database or disk is full"),
+    (sqlite3.SQLITE_CANTOPEN, "unable to open database file"),
+    (sqlite3.SQLITE_IOERR, "disk I/O error"),
+])
+def test_a_sound_database_on_a_full_disk_or_out_of_reach_is_left_as_it_is_and_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, reason: str
+) -> None:
+    # Moved aside, it was replaced by an empty one that the next start opened without a word.
+    path = tmp_path / "chats.sqlite3"
+    opened = open_database(path)
+    ConversationStore(opened.connection).create("Keep me")
+    opened.connection.close()
+    with monkeypatch.context() as failing:
+        failing.setattr(seqmoe_chat.store.database, "_connect", lambda _path: (_ for _ in ()).throw(_failure(code, reason)))
+        with pytest.raises(DatabaseUnavailable, match=rf"could not be opened \({reason}\); it was left as it is"):
+            open_database(path)
+    assert not list(tmp_path.glob("chats.sqlite3.broken-*"))
+    assert [s.title for s in ConversationStore(open_database(path).connection).summaries()] == ["Keep me"]
+
+
+def test_a_broken_database_whose_new_one_cannot_be_made_is_put_back_to_be_found_next_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "chats.sqlite3"
+    path.write_bytes(b"this is not a database, it is a text file " * 200)
+    real = seqmoe_chat.store.database._connect
+    attempts: list[Path] = []
+
+    def connect(at: Path) -> sqlite3.Connection:
+        attempts.append(at)
+        if len(attempts) == 1:
+            return real(at)  # the broken file: refused as no database
+        at.write_bytes(b"")  # the new one is begun, and the disk fills up
+        raise _failure(sqlite3.SQLITE_FULL, "database or disk is full")
+
+    monkeypatch.setattr(seqmoe_chat.store.database, "_connect", connect)
+    with pytest.raises(sqlite3.OperationalError, match="disk is full"):
+        open_database(path)
+    assert path.read_bytes().startswith(b"this is not a database") and not list(tmp_path.glob("chats.sqlite3.broken-*"))
+    monkeypatch.undo()
+    opened = open_database(path)  # space freed: the next start moves it aside and says so
+    assert opened.notice and "could not be opened" in opened.notice
+    assert list(tmp_path.glob("chats.sqlite3.broken-*"))
+
 def test_a_database_from_a_newer_app_is_kept_aside(tmp_path: Path) -> None:
     path = tmp_path / "chats.sqlite3"
     connection = open_database(path).connection

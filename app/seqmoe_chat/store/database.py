@@ -1,9 +1,12 @@
 """Opening the chat database: WAL mode, migrations, and recovery from a broken file.
 
 A database that cannot be used (corrupt, written by a newer app) is renamed, never deleted,
-and the app starts with a fresh one and tells the user. One that another program holds
-locked, or that is read-only, is sound: it is left where it is, and the app says why it
-cannot open it (``DatabaseUnavailable``) instead of starting without the user's chats.
+and the app starts with a fresh one and tells the user. Any other failure leaves the file where
+it is, and the app says why it cannot open it (``DatabaseUnavailable``) instead of starting
+without the user's chats: another program holds it locked, it is read-only, the disk is full,
+the folder refuses access. Moved aside for those, it was gone from the next start once the
+cause was gone (a new, empty database stood in its place, and nothing said where the old one
+went).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from .migrations import migrate
+from .migrations import SchemaTooNew, migrate
 from .transactions import transaction
 
 DATABASE_NAME = "chats.sqlite3"
@@ -24,6 +27,14 @@ _COMPANIONS = ("", "-wal", "-shm")
 
 class DatabaseUnavailable(sqlite3.OperationalError):
     """The database is sound but cannot be used now; the message says why and what to do."""
+
+
+class _FailedIntegrityCheck(sqlite3.DatabaseError):
+    pass
+
+
+_DAMAGED = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+"""SQLite's primary codes for a file that is damaged or no database: the only ones moved aside."""
 
 
 @dataclass
@@ -49,12 +60,24 @@ def open_database(path: Path) -> OpenedDatabase:
                 f"The chat database {path} is read-only; make it writable, or choose another data folder "
                 "with --data-dir or SEQMOE_CHAT_DATA_DIR."
             ) from None
+        if code not in _DAMAGED and not isinstance(error, (_FailedIntegrityCheck, SchemaTooNew)):
+            raise DatabaseUnavailable(
+                f"The chat database {path} could not be opened ({error}); it was left as it is. Free some disk "
+                "space or give this user access to its folder, and try again, or choose another data folder "
+                "with --data-dir or SEQMOE_CHAT_DATA_DIR."
+            ) from None
         moved = _move_aside(path)
         notice = (
             f"The chat database could not be opened ({error}). It was kept as {moved} "
             "and SeqMoE Chat started with a new, empty one."
         )
-        return OpenedDatabase(_connect(path), path, notice)
+        try:
+            return OpenedDatabase(_connect(path), path, notice)
+        except BaseException:
+            # Put back, so that the next start finds the broken file and says so, instead of the
+            # empty one this attempt left, without a word.
+            _move_back(moved, path)
+            raise
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -72,7 +95,7 @@ def _connect(path: Path) -> sqlite3.Connection:
                                    deterministic=True)
         check = connection.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
-            raise sqlite3.DatabaseError(f"integrity check failed: {check}")
+            raise _FailedIntegrityCheck(f"integrity check failed: {check}")
         # Taking the write lock once proves nobody else holds it.
         with transaction(connection):
             pass
@@ -91,3 +114,11 @@ def _move_aside(path: Path) -> Path:
         if source.exists():
             os.replace(source, Path(f"{target}{suffix}"))
     return target
+
+
+def _move_back(moved: Path, path: Path) -> None:
+    for suffix in _COMPANIONS:
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+        source = Path(f"{moved}{suffix}")
+        if source.exists():
+            os.replace(source, Path(f"{path}{suffix}"))
