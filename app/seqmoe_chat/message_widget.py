@@ -137,9 +137,11 @@ class MessageWidget(QFrame):
         self.body.setVisible(True)
 
     def _submit_edit(self) -> None:
+        # The editor stays open until the edit is sent: the view then shows the new thread
+        # without this widget. An edit the database refused stays in it, as a message does in
+        # the composer.
         text = self.editor.toPlainText()
         if text.strip():
-            self.stop_editing()
             self.sig_edit_submitted.emit(self.message.id, text)
 
     def _show_version(self, version: int) -> None:

@@ -337,6 +337,23 @@ def test_a_full_disk_loses_no_reply_and_no_message(qtbot, window, backend, monke
     monkeypatch.setattr(window.store, "add_message", add)
 
 
+def test_an_edit_the_database_refuses_stays_in_its_editor(qtbot, window, monkeypatch) -> None:
+    # The editor used to close first: the edited text was gone, and reopened it held the old one.
+    send(qtbot, window, "What is 2+2?")
+    wait_idle(qtbot, window)
+    first = list(window.chat.widgets.values())[0]
+    qtbot.mouseClick(first.edit_button, Qt.MouseButton.LeftButton)
+    first.editor.setPlainText("What is 5+5?")
+    add = window.store.add_message
+    monkeypatch.setattr(window.store, "add_message", lambda *a, **k: (_ for _ in ()).throw(sqlite3.OperationalError("database is locked")))
+    qtbot.mouseClick(first.save_edit_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: len(window.findChildren(QMessageBox, "errorMessage")) == 1, timeout=5000)
+    assert first.editor.isVisible() and first.editor.toPlainText() == "What is 5+5?" and not window.session.busy
+    monkeypatch.setattr(window.store, "add_message", add)  # the lock passes: sent again, it goes
+    qtbot.mouseClick(first.save_edit_button, Qt.MouseButton.LeftButton)
+    wait_idle(qtbot, window)
+    assert stored(window)[0][1] == "What is 5+5?" and not any(w.editor.isVisible() for w in window.chat.widgets.values())
+
 def test_new_chat_and_other_versions_the_database_refuses_are_said_and_nothing_changes(qtbot, window) -> None:
     send(qtbot, window, "Pick a number")
     wait_idle(qtbot, window)
