@@ -13,7 +13,7 @@ import pytest
 
 from seqmoe_chat.store import ConversationStore, SamplingSettings, open_database
 from seqmoe_chat.store.records import ASSISTANT, DONE, USER
-from seqmoe_chat.transcripts.export import render
+from seqmoe_chat.transcripts.export import FORMAT_NAMES, render
 from seqmoe_chat.transcripts.json_format import from_json
 from seqmoe_chat.transcripts.transcript import load_transcripts
 
@@ -101,3 +101,29 @@ def test_text_stored_as_bytes_is_shown_as_text(qtbot, make_window, data_dir: Pat
     window = reopened_after(qtbot, make_window, data_dir, "UPDATE messages SET content = x'48656c6cc3b6ff' WHERE id = :user")
     assert shown(window) == [(USER, "Hellö\N{REPLACEMENT CHARACTER}"), (ASSISTANT, HELLO_REPLY)]
     assert "Hellö" in render(load_transcripts(window.store, [window.session.conversation_id]), "md")
+
+
+@pytest.mark.parametrize("sql", [
+    "UPDATE conversations SET title = x'48656c6c6f'",  # b"Hello": the list lost every chat
+    "UPDATE conversations SET system_prompt = x'4265206b696e64'",  # the header raised
+    "UPDATE messages SET model_id = x'74696e79', error = x'6f6f7073' WHERE id = :reply",
+], ids=["title", "system-prompt", "model-and-error"])
+def test_a_field_stored_as_bytes_is_shown_as_text_and_the_chat_exports_and_imports(
+        qtbot, make_window, data_dir: Path, sql: str) -> None:
+    window = reopened_after(qtbot, make_window, data_dir, sql)
+    conversation = window.store.get(window.session.conversation_id)
+    assert window.sidebar.list.count() == 1 and window.sidebar.list.item(0).text() == conversation.title
+    assert shown(window) == [(USER, "Hello"), (ASSISTANT, HELLO_REPLY)]
+    transcripts = load_transcripts(window.store, [conversation.id])
+    for fmt in FORMAT_NAMES:
+        assert "Hello" in render(transcripts, fmt)
+    assert [message.content for message in from_json(render(transcripts, "json"))[0].messages] == ["Hello", HELLO_REPLY]
+
+
+def test_a_message_time_that_is_no_time_is_exported_as_it_is(qtbot, make_window, data_dir: Path) -> None:
+    # Every export raised on it. Importing it back is refused, with the reason, as any such file is.
+    window = reopened_after(qtbot, make_window, data_dir, "UPDATE messages SET created_at = 'yesterday' WHERE id = :user")
+    assert shown(window) == [(USER, "Hello"), (ASSISTANT, HELLO_REPLY)]
+    transcripts = load_transcripts(window.store, [window.session.conversation_id])
+    assert all("Hello" in render(transcripts, fmt) for fmt in FORMAT_NAMES)
+    assert "yesterday" in render(transcripts, "md")

@@ -82,7 +82,7 @@ class ConversationStore:
                 " ORDER BY c.updated_at DESC",
                 (query.casefold(),),
             ).fetchall()
-        return [ConversationSummary(row[0], row[1], row[2], _snippet(row[3] or "", query)) for row in rows]
+        return [ConversationSummary(row[0], _text(row[1]), _text(row[2]), _snippet(_text(row[3]), query)) for row in rows]
 
     def rename(self, conversation_id: int, title: str) -> None:
         self._update_conversation(conversation_id, "title = ?", (title.strip() or DEFAULT_TITLE,))
@@ -247,7 +247,7 @@ def _snippet(content: str, query: str) -> str:
 
 def _conversation(row: tuple) -> Conversation:
     sampling = SamplingSettings.from_dict(_json_object(row[3]) or {})
-    return Conversation(row[0], row[1], row[2], sampling, row[4], row[5], row[6], row[7])
+    return Conversation(row[0], _text(row[1]), _text(row[2]), sampling, _optional_text(row[4]), row[5], _text(row[6]), _text(row[7]))
 
 
 def _message(row: tuple) -> Message:
@@ -255,13 +255,13 @@ def _message(row: tuple) -> Message:
         id=row[0],
         conversation_id=row[1],
         parent_id=row[2],
-        role=row[3],
+        role=_text(row[3]),
         content=_text(row[4]),
-        created_at=row[5],
-        updated_at=row[6],
-        state=row[7],
-        error=row[8],
-        model_id=row[9],
+        created_at=_text(row[5]),
+        updated_at=_text(row[6]),
+        state=_text(row[7]),
+        error=_optional_text(row[8]),
+        model_id=_optional_text(row[9]),
         stats=_stats(row[10]),
     )
 
@@ -288,6 +288,16 @@ def _stats(text: str) -> dict[str, Any]:
     return stats if readable else {}
 
 
-def _text(value: str | bytes) -> str:
-    """A text column's value: SQLite keeps bytes written there by another program as they are."""
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+def _text(value: object) -> str:
+    """A text column's value as text: SQLite keeps what another program wrote there as it is, bytes
+    or a number as well, and one such field hid every chat from the list (Qt takes no bytes)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return "" if value is None else str(value)
+
+
+def _optional_text(value: object) -> str | None:
+    """``_text`` of a column that may hold no value (NULL), which stays ``None``."""
+    return None if value is None else _text(value)

@@ -29,7 +29,12 @@ def speaker(message: Message) -> str:
 
 
 def local_time(timestamp: str) -> str:
-    return datetime.fromisoformat(timestamp).astimezone().strftime("%Y-%m-%d %H:%M")
+    """``timestamp`` in local time; as it is when it is no ISO time (a hand-edited database), so that
+    the chat still exports."""
+    try:
+        return datetime.fromisoformat(timestamp).astimezone().strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return timestamp
 
 
 def state_note(message: Message) -> str:
