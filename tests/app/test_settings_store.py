@@ -75,6 +75,16 @@ def test_version_1_in_the_chat_database_migrates_to_the_file(tmp_path: Path) -> 
     assert SettingsStore(path, connection).load().theme == "light"
 
 
+@pytest.mark.parametrize("engine", ['"fast"', "[1, 2]"])
+def test_an_old_settings_table_whose_group_is_no_group_keeps_its_defaults_and_the_rest(tmp_path: Path, engine: str) -> None:
+    # It stopped every start with a traceback, in the migration.
+    connection = open_database(tmp_path / "chats.sqlite3").connection
+    connection.executemany("INSERT INTO settings (key, value) VALUES (?, ?)",
+                           [("theme", '"light"'), ("engine", engine), ("sampling", '{"temperature": 0.2}')])
+    settings = SettingsStore(tmp_path / SETTINGS_NAME, connection).load()
+    assert settings.theme == "light" and settings.sampling.temperature == 0.2
+    assert settings.engine == Settings().engine
+
 def test_a_migration_the_folder_cannot_take_still_gives_the_migrated_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -144,6 +144,10 @@ class Settings:
         return settings
 
 
+GROUPS = ("sampling", "engine")
+"""The settings that are groups of values."""
+
+
 def _from_version_1(values: dict[str, Any]) -> dict[str, Any]:
     engine = dict(values.get("engine") or {})
     # Version 1 sized the cache by a ratio only, on the engine's default link.
@@ -207,7 +211,7 @@ class SettingsStore:
         version = stored.get("version") if isinstance(stored, dict) else None
         if not isinstance(version, int) or isinstance(version, bool) or stored.get("format") != SETTINGS_FORMAT or version < 1:
             return self._unusable("is not a settings file of this app")
-        for group in ("sampling", "engine"):
+        for group in GROUPS:
             # A wrong value keeps its default, but a group that is no group is no file of this app's
             # (and the migrations would take the engine's for one).
             if not isinstance(stored.get(group, {}), dict):
@@ -235,6 +239,9 @@ class SettingsStore:
         for key, value in rows:
             try:
                 values[key] = json.loads(value)
-            except json.JSONDecodeError:
+            except (TypeError, ValueError, RecursionError):
                 continue
+            if key in GROUPS and not isinstance(values[key], dict):
+                # Kept, its group taken for one, it stopped every start with a traceback.
+                del values[key]
         return values, 1
