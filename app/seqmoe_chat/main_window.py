@@ -366,7 +366,7 @@ class MainWindow(QMainWindow):
             return
         with self._changing_chats("Importing conversations"):
             try:
-                ids = import_json(self.store, path.read_text(encoding="utf-8"))
+                ids = import_json(self.store, path.read_text(encoding="utf-8-sig"))
             except (OSError, UnicodeDecodeError, TranscriptError) as error:
                 dialogs.show_error(self, "Import failed", f"{path.name} could not be imported: {error}")
                 return
@@ -552,8 +552,18 @@ def _fill(menu: QMenu, *actions: QAction | None) -> None:
             menu.addAction(action)
 
 
+_UNSAFE_IN_FILE_NAMES = re.compile(r'[\\/:*?"<>|\s\x00-\x1f\x7f\u200e\u200f\u202a-\u202e\u2066-\u2069]+')
+"""Separators, what Windows refuses, control characters, and the marks that reorder text (a
+title ending in a right-to-left override would show ``file.exe`` for ``exe.elif``)."""
+_WINDOWS_DEVICES = re.compile(r"(?i)(con|prn|aux|nul|com[1-9]|lpt[1-9])(\..*)?")
+
+
 def _file_name(title: str) -> str:
     """A title made safe as a file name on every platform: file systems count a name's bytes
-    (255 at most), so it is cut by its UTF-8 bytes, leaving room for the extension."""
-    safe = re.sub(r'[\\/:*?"<>|\s]+', " ", title).strip()
-    return safe.encode()[:120].decode(errors="ignore").strip() or "conversation"
+    (255 at most), so it is cut by its UTF-8 bytes, leaving room for the extension. Windows
+    refuses a name that ends in a dot or is a device's (``CON``, ``nul.txt``)."""
+    safe = _UNSAFE_IN_FILE_NAMES.sub(" ", title).strip()
+    safe = safe.encode()[:120].decode(errors="ignore").strip().rstrip(". ")
+    if _WINDOWS_DEVICES.fullmatch(safe):
+        safe = f"Chat {safe}"
+    return safe or "conversation"

@@ -60,6 +60,13 @@ def test_export_all_then_import_recreates_everything(store: ConversationStore, t
     assert sorted(s.title for s in store.summaries()) == ["Birds", "Birds", "Trees", "Trees"]
 
 
+def test_a_transcript_saved_with_a_byte_order_mark_imports(store: ConversationStore, tmp_path: Path, capsys) -> None:
+    # As Windows' Notepad saved UTF-8: it was refused as no JSON.
+    out = tmp_path / "all.json"
+    assert main(["export", "--all", "--format", "json", "--out", str(out)]) == 0
+    out.write_bytes(b"\xef\xbb\xbf" + out.read_bytes())
+    assert main(["import", str(out)]) == 0 and "imported 2 conversation(s)" in capsys.readouterr().err
+
 def test_an_import_the_disk_refuses_half_way_imports_nothing(
     store: ConversationStore, tmp_path: Path, capsys, monkeypatch
 ) -> None:

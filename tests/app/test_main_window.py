@@ -181,6 +181,21 @@ def test_ctrl_e_exports_the_conversation_in_the_chosen_format(qtbot, window, tmp
     assert "Exported 1 conversation" in window.status.currentMessage()
 
 
+@pytest.mark.parametrize(("title", "suggested"), [
+    ("CON", "Chat CON"),  # Windows' devices: no file can have their names, whatever the extension
+    ("lpt9.notes", "Chat lpt9.notes"),
+    ("Ends in a dot.", "Ends in a dot"),  # Windows drops the dot, and the extension with it
+    ("bell\x07and\x00nul", "bell and nul"),  # a NUL made the export fail with "embedded null byte"
+    ("\u202egnp.exe", "gnp.exe"),  # shown right to left, it read as "exe.png"
+])
+def test_the_suggested_export_name_is_one_every_platform_takes(qtbot, window, monkeypatch, title: str, suggested: str) -> None:
+    window.store.rename(chat(qtbot, window, "Export me"), title)
+    names = []
+    monkeypatch.setattr(dialogs, "ask_export_path", lambda parent, name, fmt: names.append(name))
+    window.export_current()
+    assert names == [suggested]
+
+
 def test_a_long_non_ascii_title_exports_under_the_name_the_app_suggests(
         qtbot, window, tmp_path: Path, monkeypatch) -> None:
     conversation_id = chat(qtbot, window, "Export me")

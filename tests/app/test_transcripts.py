@@ -177,6 +177,18 @@ def test_missing_optional_fields_take_their_defaults(store: ConversationStore) -
     ]
 
 
+def test_a_file_that_names_no_current_message_shows_its_newest_line(store: ConversationStore) -> None:
+    # The chat opened empty, its messages stored but none shown.
+    document = json.loads(transcript_text())
+    changed = document["conversations"][1]
+    del changed["current_message"]
+    changed["messages"] += [
+        {"id": 2, "parent": 1, "role": "assistant", "content": "first reply", "created_at": "2025-01-01T00:00:00+00:00"},
+        {"id": 3, "parent": 1, "role": "assistant", "content": "second reply", "created_at": "2025-01-01T00:00:00+00:00"},
+    ]
+    (_, new_id) = import_json(store, json.dumps(document))
+    assert [entry.message.content for entry in store.thread(new_id)] == ["hi", "second reply"]
+
 def test_a_reply_exported_while_it_streamed_is_imported_as_interrupted(store: ConversationStore) -> None:
     document = json.loads(transcript_text())
     document["conversations"][1]["messages"][0]["state"] = "streaming"

@@ -33,6 +33,7 @@ from ..store.records import (
     TOP_PS,
     now_iso,
 )
+from ..store.threads import latest_leaf
 from .json_values import Fields, TranscriptError, is_unicode
 from .reply_stats import NUMBERS
 from .transcript import Transcript
@@ -113,6 +114,10 @@ def _transcript(item: Fields) -> Transcript:
     current = item.optional_integer("current_message")
     if current is not None and current not in known:
         raise TranscriptError(f"{item.where}: current message {current} does not exist")
+    if current is None and messages:
+        # A file written by hand or by another tool may name none: the newest line is shown, as
+        # the app shows a new version. With none, the chat opened empty.
+        current = latest_leaf(messages, [m.id for m in messages if m.parent_id is None][-1])
     conversation = Conversation(
         id=0,
         title=item.text("title"),
