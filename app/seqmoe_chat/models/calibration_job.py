@@ -73,12 +73,13 @@ class CalibrationRunner:
         for stream, line in self._child.drain():
             if stream != STDERR or not line.strip():
                 continue
-            self._last_line = line.strip()
-            progress = _PROGRESS.match(self._last_line)
+            progress = _PROGRESS.match(line.strip())
             if progress:
                 self.status.stage = progress["stage"].strip()
                 self.status.fraction = int(progress["percent"]) / 100
                 changed = True
+            else:  # a progress bar is no reason to give when the child fails
+                self._last_line = line.strip()
         if code is None:
             return changed
         self._child = None
@@ -87,6 +88,10 @@ class CalibrationRunner:
             self.status.message = self._last_line or "Calibrated"
         else:
             self.status.state = FAILED
-            reason = self._last_line.removeprefix(_ERROR) if self._last_line else f"exit status {code}"
-            self.status.message = f"Calibration failed: {reason}"
+            reason = self._last_line.removeprefix(_ERROR)
+            if code < 0:  # a signal (SIGKILL from the out-of-memory killer, mostly): the child could not say why
+                killed = f"Calibration was killed (signal {-code}; often out of memory)"
+                self.status.message = f"{killed}: {reason}" if reason else killed
+            else:
+                self.status.message = f"Calibration failed: {reason or f'exit status {code}'}"
         return True

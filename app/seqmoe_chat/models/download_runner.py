@@ -75,8 +75,13 @@ class DownloadRunner:
 
     def enqueue(self, repo_id: str, revision: str = "main", total_bytes: int = 0) -> DownloadEntry:
         """Queue a download; refused at once when the model is already here or cannot fit on the disk."""
-        if target_dir(self.data_dir, repo_id).exists():
+        target = target_dir(self.data_dir, repo_id)
+        if (target / "config.json").is_file():
             raise HubRefusal(INVALID, f"{repo_id} is already in the library")
+        # A folder without config.json is not listed in the library (a delete that failed halfway, say),
+        # yet the download would stop on it: name it, so that it can be cleared.
+        if target.exists():
+            raise HubRefusal(INVALID, f"{target} already exists and is not a model in the library; move or delete it")
         queued = self.queue.get(repo_id)
         if queued is not None and queued.state in ACTIVE_STATES:
             raise HubRefusal(INVALID, f"{repo_id} is already being downloaded (see the Downloads tab)")

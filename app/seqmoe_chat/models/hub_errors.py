@@ -60,7 +60,8 @@ def describe(error: BaseException, repo_id: str, revision: str = "main") -> HubR
         return HubRefusal(NOT_FOUND, f"{repo_id} has no revision {revision!r}")
     if isinstance(error, RemoteEntryNotFoundError):
         return HubRefusal(UNSUPPORTED, f"{repo_id} has no config.json: it is not a transformers model")
-    if isinstance(error, (OfflineModeIsEnabled, LocalEntryNotFoundError, httpx2.ConnectError, httpx2.TimeoutException,
+    # A connection reset or cut in the middle of a file (NetworkError) is the network's, as is one never made.
+    if isinstance(error, (OfflineModeIsEnabled, LocalEntryNotFoundError, httpx2.NetworkError, httpx2.TimeoutException,
                           httpx2.RemoteProtocolError)):
         return HubRefusal(OFFLINE, "the Hugging Face hub cannot be reached: downloads need a connection "
                                    "(models already on this computer work as usual)")
