@@ -23,6 +23,7 @@ from seqmoe_chat.settings_dialog import SettingsDialog
 from seqmoe_chat.store import SamplingSettings
 from seqmoe_chat.store.records import ASSISTANT, DONE, USER
 from seqmoe_chat.store.settings import SETTINGS_NAME
+from seqmoe_chat.transcripts import export
 
 from .test_chat import press, send, stored, wait_idle
 
@@ -272,9 +273,12 @@ def test_an_import_with_a_value_the_app_cannot_store_is_reported_and_adds_nothin
 
 
 def test_an_export_that_fails_on_stored_data_is_reported(qtbot, window, tmp_path: Path, monkeypatch) -> None:
-    conversation_id = chat(qtbot, window, "Export me")
-    # A time no export can show, as an import before imports were checked could store.
-    window.store.connection.execute("UPDATE messages SET created_at = 'yesterday' WHERE conversation_id = ?", (conversation_id,))
+    chat(qtbot, window, "Export me")
+    # Stored data a renderer cannot show (a bug: what a damaged database holds is shown as it can be).
+    def cannot_show(transcripts) -> str:
+        raise ValueError("Invalid isoformat string: 'yesterday'")
+
+    monkeypatch.setitem(export.RENDERERS, "md", cannot_show)
     (tmp_path / "out").mkdir()
     monkeypatch.setattr(dialogs, "ask_export_path", lambda parent, name, fmt: (tmp_path / "out" / "chat.md", "md"))
     with qtbot.waitSignal(window.export_task.sig_failed):
