@@ -11,7 +11,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from ..models.calibration_job import CalibrationRunner, CalibrationStatus
 from ..models.download_runner import DownloadRunner
-from ..models.library import Library, LibraryError, LibraryItem, LibraryModel
+from ..models.library import HUB_CACHE, Library, LibraryError, LibraryItem, LibraryModel
 from .background import run_in_background
 
 POLL_MS = 200
@@ -41,6 +41,9 @@ class ModelManager(QObject):
         self.items: list[LibraryItem] = []
         self.library_problem = ""
         """Why the last listing failed ("" after one that worked), for a Library tab opened later."""
+        self._listings = 0
+        """Listings asked for so far: only the latest one's answer is shown (an older one may list a
+        model deleted since)."""
         self._timer = QTimer(self)
         self._timer.setInterval(POLL_MS)
         self._timer.timeout.connect(self._poll)
@@ -85,14 +88,17 @@ class ModelManager(QObject):
     # Library
 
     def refresh_library(self) -> None:
-        run_in_background(self.library.items, self._on_listed, self._on_list_failed, self)
+        self._listings += 1
+        number = self._listings
+        run_in_background(self.library.items, lambda items: self._on_listed(number, items),
+                          lambda error: self._on_list_failed(number, error), self)
 
     def delete(self, item: LibraryItem) -> None:
         """Raises ``LibraryError`` (the model loaded or loading, the one being calibrated, the bundled
         one, a file system error)."""
         folder = item.model.path.resolve()
         loaded = self.loaded_path()
-        if loaded and Path(loaded).expanduser().resolve() == folder:
+        if loaded and _names(loaded, item.model):
             raise LibraryError(f"{item.model.name} is loaded or loading; unload it first")
         calibrating = self.calibration.status
         if self.calibration.busy and calibrating is not None and Path(calibrating.model).resolve() == folder:
@@ -120,13 +126,17 @@ class ModelManager(QObject):
         self.downloads.shut_down()
         self.calibration.shut_down()
 
-    def _on_listed(self, items: list[LibraryItem]) -> None:
+    def _on_listed(self, number: int, items: list[LibraryItem]) -> None:
+        if number != self._listings:
+            return
         self.items, self.library_problem = items, self.library.notice
         self.sig_library_changed.emit(items)
         if self.library.notice:  # listed, but the imported folders' list was reset or the hub cache unreadable
             self.sig_library_failed.emit(self.library.notice)
 
-    def _on_list_failed(self, error: Exception) -> None:
+    def _on_list_failed(self, number: int, error: Exception) -> None:
+        if number != self._listings:
+            return
         self.library_problem = f"The library could not be listed: {error}"
         self.sig_library_failed.emit(self.library_problem)
 
@@ -148,3 +158,12 @@ class ModelManager(QObject):
                 self.refresh_library()
         if not (self.downloads.busy or self.calibration.busy):
             self._timer.stop()
+
+
+def _names(model: str, library_model: LibraryModel) -> bool:
+    """Whether ``model``, a folder or a hub id as the main window loads it, is ``library_model``."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return path.resolve() == library_model.path.resolve()
+    # A hub id is loaded from the Hugging Face cache (downloading what it lacks), whichever revision it takes.
+    return library_model.source == HUB_CACHE and model == library_model.repo_id

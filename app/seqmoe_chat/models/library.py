@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,8 @@ class Library:
         self.data_dir = data_dir
         self.notice = ""
         self._file = data_dir / LIBRARY_FILE
+        self._lock = threading.Lock()
+        """Held to change ``imported``: each import runs on a thread of its own."""
         try:
             self.imported = read_json_as(self._file, LIBRARY_FORMAT, LIBRARY_VERSION, _imported) or []
         except StoredFileError as error:
@@ -79,10 +82,11 @@ class Library:
         from .folder_check import check_model_folder
 
         folder = folder.expanduser().resolve()
-        if folder in self.imported or folder.parent == models_dir(self.data_dir):
-            raise LibraryError(f"{folder} is already in the library")
+        self._refuse_known(folder)  # before the slow check, to answer a repeated import at once
         check_model_folder(folder)
-        self._keep([*self.imported, folder])
+        with self._lock:
+            self._refuse_known(folder)  # another import may have added it during the check
+            self._keep([*self.imported, folder])
         return LibraryModel(folder.name, folder, IMPORTED, _size(folder))
 
     def delete(self, model: LibraryModel) -> None:
@@ -91,13 +95,12 @@ class Library:
         if model.source == BUNDLED:
             raise LibraryError("the bundled demo model is part of the app and cannot be deleted")
         if model.source == IMPORTED:
-            self._keep([p for p in self.imported if p != model.path])
+            with self._lock:
+                self._keep([p for p in self.imported if p != model.path])
             return
         try:
             if model.source == HUB_CACHE:
-                from huggingface_hub import scan_cache_dir
-
-                scan_cache_dir().delete_revisions(model.revision).execute()
+                _delete_snapshot(model)
             else:
                 shutil.rmtree(model.path)
         except FileNotFoundError:
@@ -136,6 +139,10 @@ class Library:
                                           repo.repo_id, revision.commit_hash))
         return found
 
+    def _refuse_known(self, folder: Path) -> None:
+        if folder in self.imported or folder.parent == models_dir(self.data_dir):
+            raise LibraryError(f"{folder} is already in the library")
+
     def _keep(self, imported: list[Path]) -> None:
         """Save ``imported`` as the list of imported folders, then list them: a change that could
         not be saved is not shown either (it would be gone at the next start)."""
@@ -144,6 +151,25 @@ class Library:
         except OSError as error:
             raise LibraryError(f"the library list could not be saved: {error.strerror or error}") from None
         self.imported = imported
+
+
+def _delete_snapshot(model: LibraryModel) -> None:
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound, CorruptedCacheException
+
+    try:
+        cache = scan_cache_dir()
+    except CacheNotFound:
+        return  # the whole cache was removed since it was listed: gone, as asked
+    except CorruptedCacheException as error:
+        raise LibraryError(f"{model.path} could not be deleted: the Hugging Face cache could not be read: "
+                           f"{error}") from None
+    # A revision removed since it was listed is skipped (with a warning); execute() only logs the
+    # files it could not delete (a read-only cache, another user's): the folder tells what happened.
+    cache.delete_revisions(model.revision).execute()
+    if model.path.exists():
+        raise LibraryError(f"{model.path} could not be deleted: its files in the Hugging Face cache could not be removed "
+                           "(a read-only cache, or another user's?)")
 
 
 def _source_repo(folder: Path) -> str:
