@@ -196,8 +196,10 @@ class ChatSession(QObject):
             state = STOPPED if result.stopped else DONE
             self._finish(reply, state=state, content=result.text, stats=result.stats, model_id=result.model_id)
         elif request_id in self._stopped:
+            # The worker's text as it stopped: the stream shown at Stop lags it (a reply stopped as
+            # it ended was kept empty, its statistics counting tokens it did not hold).
             message_id = self._stopped.pop(request_id)
-            self._save(message_id, stats=result.stats, model_id=result.model_id)
+            self._save(message_id, content=result.text, stats=result.stats, model_id=result.model_id)
             self.sig_message_changed.emit(self._message(message_id))
 
     @Slot(int, str, str)

@@ -192,6 +192,8 @@ class MainWindow(QMainWindow):
         self.model_bar.sig_load_requested.connect(self.load_model)
         self.model_bar.sig_unload_requested.connect(self.client.unload)
         self.model_bar.sig_load_cancel_requested.connect(self.client.cancel_load)
+        self.model_bar.sig_state_shown.connect(self._show_model_state_in_menu)
+        self._show_model_state_in_menu(loading=False, loaded=False)
         self.models.sig_library_changed.connect(self._on_library_changed)
         self.models.sig_model_deleted.connect(self._on_model_deleted)
         self.models.sig_download_finished.connect(
@@ -534,6 +536,12 @@ class MainWindow(QMainWindow):
                 dialogs.show_error(self, "The settings could not be saved",
                                    f"{store.path} could not be written ({error.strerror or error}). "
                                    "The settings apply until the app quits.")
+
+    def _show_model_state_in_menu(self, loading: bool, loaded: bool) -> None:
+        """The Model menu's actions can act as the model bar's buttons can."""
+        self.action_load.setEnabled(not loading)
+        self.action_unload.setEnabled(loaded)
+        self.action_cancel_load.setEnabled(loading)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.session.stop()

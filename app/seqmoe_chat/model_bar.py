@@ -24,6 +24,7 @@ class ModelBar(QWidget):
     sig_load_requested = Signal(str)  # model folder or hub id; empty: the demo model
     sig_unload_requested = Signal()
     sig_load_cancel_requested = Signal()
+    sig_state_shown = Signal(bool, bool)  # loading, a model loaded: for the same actions elsewhere (a menu)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -82,21 +83,20 @@ class ModelBar(QWidget):
         self.stage.set_full_text(stage)
 
     def show_loaded(self, info: ModelInfo) -> None:
-        self._set_loading(False)
+        self._set_loading(False, loaded=True)
         self.load_button.setText("Reload")
-        self.unload_button.setEnabled(True)
         self.models.setToolTip(plain_tooltip(f"{info.path}\n{info.architecture} on {info.device}"))
 
     def show_unloaded(self) -> None:
         self._set_loading(False)
         self.load_button.setText("Load")
-        self.unload_button.setEnabled(False)
 
-    def _set_loading(self, loading: bool) -> None:
+    def _set_loading(self, loading: bool, loaded: bool = False) -> None:
         for widget in (self.progress, self.stage, self.cancel_button):
             widget.setVisible(loading)
         self.load_button.setEnabled(not loading)
-        self.unload_button.setEnabled(not loading)
+        self.unload_button.setEnabled(loaded and not loading)
+        self.sig_state_shown.emit(loading, loaded and not loading)
 
     def _on_activated(self, index: int) -> None:
         if self.models.itemData(index) != _OTHER:

@@ -17,7 +17,7 @@ from seqmoe_chat.store.records import ASSISTANT, DONE, FAILED, STOPPED, USER
 
 from seqmoe_chat.worker import EngineWorker
 
-from .fakes import FakeEngine, FakeStats, reply_for
+from .fakes import FakeEngine, FakeStats, FakeTokenizer, reply_for
 from .waits import model_shown
 
 
@@ -106,6 +106,18 @@ def test_regenerate_writes_a_new_reply_and_keeps_the_old_one_as_a_version(qtbot,
     shown_reply = list(window.chat.widgets.values())[1]
     assert shown_reply.message.id == first_reply.message.id and shown_reply.version_label.text() == "1/2"
 
+
+def test_a_reply_stopped_as_it_ends_keeps_its_text(qtbot, window, backend) -> None:
+    send(qtbot, window, "Hello")
+    expected = reply_for([{"role": "user", "content": "Hello"}])
+    tokens = len(FakeTokenizer().encode(expected))
+    deadline = time.monotonic() + 10
+    while len(backend.token_times) < tokens and time.monotonic() < deadline:
+        time.sleep(0.01)  # no events handled: the worker's stream and result wait in the queue
+    time.sleep(0.2)
+    window.action_stop.trigger()
+    qtbot.waitUntil(lambda: stored(window)[-1] == (ASSISTANT, expected, STOPPED), timeout=5000)
+    assert list(window.chat.widgets.values())[-1].body.source_text == expected
 
 def test_editing_a_message_resends_it_and_keeps_the_earlier_version(qtbot, window, backend) -> None:
     send(qtbot, window, "What is 2+2?")
@@ -594,6 +606,21 @@ def test_sending_right_after_unload_is_clicked_loads_the_model_again(qtbot, wind
     wait_idle(qtbot, window)
     assert stored(window)[-1][2] == DONE and len(backend.engines) == 2
 
+
+def test_the_model_menu_offers_what_the_model_bar_can_do(qtbot, window, backend) -> None:
+    # Unload Model and Cancel Loading stayed enabled with no model, and with nothing loading.
+    def offered() -> tuple[bool, bool, bool]:
+        return window.action_load.isEnabled(), window.action_unload.isEnabled(), window.action_cancel_load.isEnabled()
+
+    assert offered() == (True, True, False)
+    window.action_unload.trigger()
+    qtbot.waitUntil(lambda: window.status.model.text() == "No model loaded", timeout=5000)
+    assert offered() == (True, False, False)
+    backend.load_delay_s = 0.3
+    window.action_load.trigger()
+    qtbot.waitUntil(lambda: window.model_bar.progress.isVisible(), timeout=5000)
+    assert offered() == (False, False, True)
+    qtbot.waitUntil(lambda: offered() == (True, True, False), timeout=5000)
 
 def test_sending_after_unloading_loads_the_model_again(qtbot, window, backend) -> None:
     qtbot.mouseClick(window.model_bar.unload_button, Qt.MouseButton.LeftButton)

@@ -8,6 +8,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PySide6.QtGui import QColor, QImage
 from seqmoe import Engine, Sampling, load_model
@@ -29,6 +30,7 @@ from seqmoe_chat.panel import memory_monitor
 from seqmoe_chat.panel.cache_map import STATE_COLOURS
 from seqmoe_chat.panel.counters import CountersView
 from seqmoe_chat.panel.forecast_view import NO_FORECAST_COLOUR, ForecastView
+from seqmoe_chat.panel.layer_grid import LayerGrid
 from seqmoe_chat.panel.memory_monitor import NO_NVML, MemoryMonitor, MemorySample
 from seqmoe_chat.panel.telemetry_model import CELL_STATES, TelemetryModel
 from seqmoe_chat.store.records import DONE
@@ -271,6 +273,25 @@ def test_the_cache_map_paints_the_states_of_the_stream(qtbot, window, backend) -
     qtbot.waitUntil(lambda: cache_map.toolTip().startswith("layer 0, expert 1: in use"), timeout=10_000)
     assert "last used at token 0" in cache_map.toolTip()
 
+
+def test_a_smaller_model_coming_in_under_the_mouse_drops_the_hovered_cell(qtbot) -> None:
+    # The cell of the model before was described with the new one's tables: an IndexError at every repaint.
+    grid = LayerGrid()
+    qtbot.addWidget(grid)
+    grid.resize(400, 200)
+    grid.show()
+    qtbot.waitExposed(grid)
+    shape = [48, 128]
+    grid.describe = lambda layer, expert: f"layer {layer} of {shape[0]}, expert {expert} of {shape[1]}" if (
+        layer < shape[0] and expert < shape[1]) else (_ for _ in ()).throw(IndexError(layer))
+    grid.set_colours(np.zeros(tuple(shape), dtype=np.uint32))
+    qtbot.mouseMove(grid, grid.cell_rect(47, 127).center().toPoint())
+    qtbot.waitUntil(lambda: grid.toolTip() == "layer 47 of 48, expert 127 of 128", timeout=5000)
+    shape[:] = [2, 12]
+    grid.set_colours(np.zeros(tuple(shape), dtype=np.uint32))
+    assert grid.toolTip() == ""
+    qtbot.mouseMove(grid, grid.cell_rect(1, 11).center().toPoint())
+    qtbot.waitUntil(lambda: grid.toolTip() == "layer 1 of 2, expert 11 of 12", timeout=5000)
 
 def test_the_panel_samples_only_while_visible_and_remembers_it(qtbot, make_window, backend) -> None:
     window = make_window()

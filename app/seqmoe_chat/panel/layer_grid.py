@@ -53,6 +53,10 @@ class LayerGrid(QWidget):
             rows = np.frombuffer(image.bits(), dtype=np.uint32).reshape(self.layers, image.bytesPerLine() // 4)
             rows[:, : self.experts] = argb
         self._image = image
+        if self._hover is not None and not (self._hover[0] < self.layers and self._hover[1] < self.experts):
+            # A model of fewer layers or experts came in under the mouse: that cell is gone.
+            self._hover = None
+            self.setToolTip("")
         if self._hover is not None and self.describe is not None:
             self.setToolTip(self.describe(*self._hover))
         self.update()
