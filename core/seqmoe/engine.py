@@ -686,10 +686,18 @@ def _one_token_a_step() -> dict[str, object]:
     return {name: value for name, value in fields.items() if hasattr(plain, name)}
 
 
+LINK_GBPS = (1e-4, 1e6)
+"""The emulated link's speeds: a copy's wait is slept, and at 1e-300 GB/s its end was past what the
+clock holds (an OverflowError), at 1e-9 GB/s hours a copy. The bench's links, set from a tiny
+model's layer time, stay far inside."""
+MAX_LINK_LATENCY_S = 1.0
+
+
 def _check_link(gbps: float, latency_s: float) -> None:
-    if not (math.isfinite(gbps) and gbps > 0 and math.isfinite(latency_s) and latency_s >= 0):
-        raise SeqMoEError(f"the emulated link needs a speed above 0 GB/s and a latency of at least 0 µs, "
-                          f"not {gbps} GB/s and {latency_s * 1e6} µs")
+    low, high = LINK_GBPS
+    if not (low <= gbps <= high and 0 <= latency_s <= MAX_LINK_LATENCY_S):  # NaN fails every comparison
+        raise SeqMoEError(f"the emulated link needs a speed above 0 GB/s (from {low:g} to {high:g}) and a latency of "
+                          f"at least 0 µs (at most {MAX_LINK_LATENCY_S * 1e6:g}), not {gbps} GB/s and {latency_s * 1e6} µs")
 
 
 class _StopFlag(StoppingCriteria):

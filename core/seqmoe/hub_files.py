@@ -30,9 +30,12 @@ def is_wanted(path: str) -> bool:
 
 
 def index_shards(index: dict[str, Any]) -> set[str]:
-    """The weight files a safetensors index names."""
+    """The weight files a safetensors index names; none for a damaged one (a name that is no text
+    could not be sorted, or hashed, and raised)."""
     weight_map = index.get("weight_map")
-    return set(weight_map.values()) if isinstance(weight_map, dict) else set()
+    if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):
+        return set()
+    return set(weight_map.values())
 
 
 def indexed_weights(folder: Path) -> list[Path] | None:

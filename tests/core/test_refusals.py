@@ -241,6 +241,8 @@ def _header(header: object, data: bytes = b"") -> bytes:
 @pytest.mark.parametrize(("damage", "words"), [
     ({"config.json": b"[1, 2]"}, ("not a model config",)),
     ({"model.safetensors.index.json": b"{}"}, ("model.safetensors.index.json", "damaged")),
+    ({"model.safetensors.index.json": b'{"weight_map": {"a": 5, "b": "x.safetensors"}}'}, ("model.safetensors.index.json", "damaged")),
+    ({"model.safetensors.index.json": b'{"weight_map": {"a": ["x.safetensors"]}}'}, ("model.safetensors.index.json", "damaged")),
     ({"model.safetensors": _header([1, 2])}, ("model.safetensors has a corrupt header",)),
     ({"model.safetensors": _header({"w": {"dtype": "F32", "shape": [1], "data_offsets": "0-4"}}, b"abcd")},
      ("model.safetensors has a corrupt header",)),
@@ -280,6 +282,8 @@ def test_vram_budget_below_resident_weights(capsys: pytest.CaptureFixture[str], 
     (("--temperature", "1", "--top-p", "0"), "top-p"),
     (("--link-gbps", "0"), "speed above 0 GB/s"),
     (("--link-latency-us", "-5"), "latency of at least 0"),
+    (("--link-gbps", "1e-300"), "from 0.0001 to 1e+06"),  # a copy's end was past the clock: an OverflowError
+    (("--link-latency-us", "1e300"), "at most 1e+06"),
     (("--prompt", ""), "prompt is empty"),
     (("--prompt", "a" * 300), "the context holds 256 (the model's limit)"),
     (("--prompt", "a" * 20, "--context", "16"), "the context holds 16 (as set"),
