@@ -267,13 +267,13 @@ class EngineWorker(QObject):
             self._load_failed(request_id, model, error)
             return
         if self._cancelled(request_id):
-            engine.close()
+            _close_engine(engine)
             self.sig_load_cancelled.emit(request_id)
             return
         try:
             info = model_info(engine)
         except Exception as error:  # an engine that cannot describe itself is no use: it fails as a load
-            engine.close()
+            _close_engine(engine)
             self._load_failed(request_id, model, error)
             return
         with self._lock:
@@ -309,11 +309,18 @@ class EngineWorker(QObject):
         except Exception as error:  # the model stays usable with the configuration it had
             if not _is_engine_error(error):
                 log.exception("reconfiguring the cache failed")
+            reason = describe_error(error)
             if (engine.policy_name, engine.link_gbps, engine.link_setup, engine.horizon) != before[:4]:
                 engine.link_gbps, engine.link_setup, engine.horizon = before[1:4]
-                engine.configure(before[0], cache_ratio=before[4] / engine.geometry.total_experts)
+                try:
+                    engine.configure(before[0], cache_ratio=before[4] / engine.geometry.total_experts)
+                except Exception as restore_error:  # the engine is left without a cache: only a new load builds one
+                    if not _is_engine_error(restore_error):
+                        log.exception("restoring the cache as it was failed")
+                    reason += ("\n\nRebuilding the previous cache failed too, so the model cannot reply until "
+                               f"it is loaded again: {describe_error(restore_error)}")
             self._info = model_info(engine)
-            self.sig_reconfigure_failed.emit(request_id, describe_error(error), self._info)
+            self.sig_reconfigure_failed.emit(request_id, reason, self._info)
             return
         self._info = model_info(engine)
         self.sig_model_reconfigured.emit(request_id, self._info)
@@ -329,14 +336,16 @@ class EngineWorker(QObject):
         engine = self._engine
         stream = TokenText(engine.loaded.tokenizer)
         last_emit = 0.0
+        decoded = ""  # the text last streamed: what a reply keeps whose tokens its tokenizer cannot decode
 
         def on_token(token_id: int) -> None:
-            nonlocal last_emit
+            nonlocal last_emit, decoded
             stream.add(token_id)
             now = time.monotonic()
             if now - last_emit >= STREAM_INTERVAL_S:
                 last_emit = now
-                self.sig_reply_streamed.emit(request_id, stream.text(), stream.count)
+                decoded = stream.text()
+                self.sig_reply_streamed.emit(request_id, decoded, stream.count)
 
         try:
             prompt = _fit_context(engine, messages, sampling.max_new_tokens)
@@ -349,7 +358,7 @@ class EngineWorker(QObject):
         except Exception as error:  # a failed reply must leave the worker ready for the next
             if not _is_engine_error(error):
                 log.exception("generation failed")
-            self.sig_reply_failed.emit(request_id, describe_error(error), stream.text())
+            self.sig_reply_failed.emit(request_id, describe_error(error), _text_or(stream, decoded))
             return
         self.sig_reply_finished.emit(request_id, reply)
 
@@ -374,7 +383,27 @@ class EngineWorker(QObject):
             # A closed engine leaves no reference cycle through its model, so its memory comes back
             # when ``engine`` goes, below. No gc.collect() here: on this thread it may finalise
             # the GUI's Qt objects and deadlock with the GUI thread.
-            engine.close()
+            _close_engine(engine)
+
+
+def _close_engine(engine: Engine) -> None:
+    """Close ``engine``; a failure is only logged. The engine is dropped either way, and what
+    follows the close must happen all the same: the GUI waits for the unload or the cancelled
+    load to be confirmed, the app's quit for the thread to end. The worker has no signal for
+    a failure outside a request, so the user hears nothing of it."""
+    try:
+        engine.close()
+    except Exception:
+        log.exception("closing the engine failed")
+
+
+def _text_or(stream: TokenText, fallback: str) -> str:
+    """All of ``stream``'s text, or ``fallback`` where the tokenizer cannot decode it: a reply that
+    failed in its tokenizer would fail here again, and its failure would never be reported."""
+    try:
+        return stream.text()
+    except Exception:
+        return fallback
 
 
 def _is_engine_error(error: BaseException) -> bool:
