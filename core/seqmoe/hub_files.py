@@ -46,6 +46,6 @@ def indexed_weights(folder: Path) -> list[Path] | None:
         return None
     try:
         value = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, ValueError, RecursionError):  # decoding errors are ValueErrors; deep nesting recurses too far
         return []
     return [folder / shard for shard in sorted(index_shards(value))] if isinstance(value, dict) else []

@@ -15,11 +15,13 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import torch
-from huggingface_hub.errors import StrictDataclassError
-from safetensors import SafetensorError
+from huggingface_hub.errors import HFValidationError, StrictDataclassError
+from huggingface_hub.utils import validate_repo_id
+from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import (
     AutoConfig,
@@ -36,6 +38,7 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES,
     MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
 )
+from transformers.utils import SAFE_WEIGHTS_NAME
 
 from .counts import is_count
 from .errors import ModelRefused, SeqMoEError
@@ -107,13 +110,23 @@ def context_limit(config: PretrainedConfig) -> int | None:
 
 def resolve(model: str) -> Path:
     """A local folder for ``model`` (a path, or a hub id fetched or found in the HF cache)."""
-    path = Path(model).expanduser()
-    if path.exists():
+    try:
+        path = Path(model).expanduser()
+        exists = path.exists()
+    except (RuntimeError, ValueError):  # ~name of a user this computer does not have; a NUL in the name
+        raise ModelRefused(f"no such model folder: {model}") from None
+    except OSError as error:  # a name too long for the file system, a folder this user may not enter
+        raise ModelRefused(f"model folder {model} cannot be read: {error.strerror or error}") from None
+    if exists:
         if not path.is_dir():
             raise ModelRefused(f"{model} is a file; give the model's folder")
         return path
     if not _REPO_ID.match(model) or model.startswith((".", "/", "~")):
         raise ModelRefused(f"no such model folder: {model}")
+    try:
+        validate_repo_id(model)  # the hub's own rules, stricter than _REPO_ID (no "--", at most 96 characters)
+    except HFValidationError as error:
+        raise ModelRefused(f"no such model folder: {model}, nor a hub id: {_first_line(error)}") from None
     return _download(model)
 
 
@@ -155,7 +168,7 @@ def read_config(path: Path) -> PretrainedConfig:
         raise ModelRefused(f"{path} is not a Hugging Face model folder (no config.json)")
     try:
         raw = json.loads(config_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except (ValueError, RecursionError) as error:  # decoding errors are ValueErrors; deep nesting recurses too far
         raise ModelRefused(f"{config_file} is not valid JSON: {error}") from None
     except OSError as error:
         raise ModelRefused(f"{config_file} cannot be read: {error.strerror or error}") from None
@@ -165,7 +178,8 @@ def read_config(path: Path) -> PretrainedConfig:
     # implements itself (DeepSeek-V2, Phi-3.5-MoE): then the built-in classes are used and the
     # shipped code is ignored, as transformers does without trust_remote_code. Otherwise the
     # model needs that code, and it is never run.
-    native = raw.get("model_type") in CONFIG_MAPPING
+    model_type = raw.get("model_type")
+    native = isinstance(model_type, str) and model_type in CONFIG_MAPPING
     for name in ("config.json", "tokenizer_config.json"):
         file = path / name
         if file.is_file() and "auto_map" in _json_or_empty(file) and not native:
@@ -181,6 +195,10 @@ def read_config(path: Path) -> PretrainedConfig:
         model_type = raw.get("model_type", "unknown")
         raise ModelRefused(
             f"architecture {model_type!r} is not supported by the installed transformers: {_first_line(error)}"
+        ) from None
+    except Exception as error:  # a value of a type the config class does not expect, met with whatever error it raises
+        raise ModelRefused(
+            f"{config_file} has a value transformers cannot read: {type(error).__name__}: {_first_line(error)}"
         ) from None
 
 
@@ -217,6 +235,9 @@ def check_supported(config: PretrainedConfig) -> nn.Module:
         )
     if find_experts(skeleton):
         return skeleton
+    layers = getattr(config.get_text_config(), "num_hidden_layers", None)
+    if is_count(layers) and layers < 1:  # and so no experts: the config's fault, not the architecture's
+        raise ModelRefused(f"the config.json of this {architecture} has no layers (num_hidden_layers {layers})")
     if declares_experts(config):
         raise ModelRefused(
             f"{architecture} is an MoE whose experts do not use transformers' experts interface; "
@@ -254,36 +275,48 @@ def quantization_method(config: PretrainedConfig) -> str | None:
 
 
 def check_weights(path: Path, skeleton: nn.Module, config: PretrainedConfig) -> list[Path]:
-    """The safetensors files of the checkpoint, refused if any is missing or truncated, or holds a
-    weight of another size than ``skeleton`` (built from config.json) gives it."""
-    files = indexed_weights(path)
-    if files == []:
+    """The safetensors files transformers loads the checkpoint from, refused if any is missing or
+    truncated, or holds a weight of another size or kind than ``skeleton`` (built from config.json)
+    gives it, or if together they hold fewer weights than it has."""
+    shards = indexed_weights(path)
+    if shards == []:
         raise ModelRefused(f"{INDEX_FILE} in {path} is damaged: it names no weight files")
+    # Only the files transformers opens, in its order: any other *.safetensors (an adapter's, say)
+    # beside pickle weights does not make a safetensors checkpoint.
+    single = path / SAFE_WEIGHTS_NAME
+    files = [single] if single.is_file() else shards
     if files is None:
-        files = sorted(path.glob("*.safetensors"))
-    if not files:
         if any(path.glob("*.bin")) or any(path.glob("*.pt")):
             raise ModelRefused(
                 f"{path.name} has only pickle weights (.bin); seqmoe loads safetensors only, which cannot run code"
             )
-        raise ModelRefused(f"no weight files (*.safetensors) in {path}")
-    stored: dict[str, list[int]] = {}
+        raise ModelRefused(f"no weight files ({SAFE_WEIGHTS_NAME}, or {INDEX_FILE} and its shards) in {path}")
+    stored: dict[str, _Stored] = {}
     for file in files:
         if not file.is_file():
             raise ModelRefused(f"weight file {file.name} is missing from {path}")
         stored.update(_read_safetensors_header(file))
+        try:  # safetensors' own checks, made as it opens a file: each tensor's bytes fit its dtype and shape, say
+            with safe_open(file, framework="pt"):
+                pass
+        except SafetensorError as error:
+            raise ModelRefused(
+                f"loading the weights of {path.name} failed on {file.name}: {_first_line(error)}"
+            ) from None
     missing = _missing_expert_weights(stored)
     if missing:
         raise _lacks(path.name, missing)
-    if quantization_method(config) is None:  # quantized weights are stored under other names and sizes
+    if quantization_method(config) is None:  # quantized weights are stored under other names, sizes and dtypes
         _check_sizes(path.name, skeleton, stored)
+        _check_dtypes(path.name, skeleton, stored)
+        _check_filled(path.name, skeleton, config, stored)
     return files
 
 
 _PER_EXPERT = re.compile(r"(?P<experts>.+\.experts)\.(?P<number>\d+)\.(?P<weight>.+)")
 
 
-def _missing_expert_weights(stored: dict[str, list[int]]) -> list[str]:
+def _missing_expert_weights(stored: dict[str, _Stored]) -> list[str]:
     """The weights a checkpoint storing each expert apart (``...experts.3.w1.weight``) lacks below a
     layer's highest expert number. transformers stacks the experts it finds into one tensor and
     reports the gap as a tensor of another size than the config gives, or as a failed conversion;
@@ -306,19 +339,66 @@ def _lacks(name: str, missing: list[str]) -> ModelRefused:
     return ModelRefused(f"the checkpoint of {name} lacks {missing[0]}{more}")
 
 
-def _check_sizes(name: str, skeleton: nn.Module, stored: dict[str, list[int]]) -> None:
+def _check_sizes(name: str, skeleton: nn.Module, stored: dict[str, _Stored]) -> None:
     """Refuse, before any weight is read, stored weights of other sizes than the model's. Only the
     names both use are compared, and only by element count: transformers renames, fuses and
     reshapes some weights as it loads them (a Mixtral's per-expert weights, say), and what it
     cannot match is named after loading (``mismatched_keys``)."""
     params = skeleton.state_dict()
     mismatched = [
-        (key, shape, list(params[key].shape))
-        for key, shape in sorted(stored.items())
-        if key in params and math.prod(shape) != params[key].numel()
+        (key, entry.shape, list(params[key].shape))
+        for key, entry in sorted(stored.items())
+        if key in params and math.prod(entry.shape) != params[key].numel()
     ]
     if mismatched:
         raise _shapes_differ(name, mismatched)
+
+
+def _check_dtypes(name: str, skeleton: nn.Module, stored: dict[str, _Stored]) -> None:
+    """Refuse integers stored for the model's floating-point weights (its own, or per-expert weights
+    that transformers fuses into one): transformers takes them for the numbers they say, and the
+    model answers garbage. Such a header lies (I32 said of float32 bytes), or the checkpoint is
+    quantized though its config.json does not say so."""
+    floats = {key for key, tensor in skeleton.state_dict().items() if tensor.is_floating_point()}
+    wrong = [
+        (key, entry.dtype)
+        for key, entry in sorted(stored.items())
+        if entry.dtype in _INTEGERS and (key in floats or _PER_EXPERT.fullmatch(key))
+    ]
+    if wrong:
+        key, dtype = wrong[0]
+        raise ModelRefused(
+            f"{len(wrong)} weights of {name} are stored as integers where the model has floating-point numbers, e.g. "
+            f"{key}: {dtype}; the checkpoint's header is corrupt, or the checkpoint is quantized and its config.json "
+            "does not say so"
+        )
+
+
+FILLED_SLACK = 1.1
+
+
+def _check_filled(name: str, skeleton: nn.Module, config: PretrainedConfig, stored: dict[str, _Stored]) -> None:
+    """Refuse a config that describes more weights than the checkpoint holds (more layers or experts):
+    transformers would allocate all of them (gigabytes, for a config asking for 10000 layers) before
+    finding them missing. They are counted, not named, as transformers renames and fuses weights as
+    it loads them; the weights it lets a checkpoint lack (``_keys_to_ignore_on_load_missing``) are
+    left out of the count."""
+    optional = getattr(skeleton, "_keys_to_ignore_on_load_missing", None) or []
+    described = sum(
+        param.numel() for key, param in skeleton.named_parameters() if not any(re.search(p, key) for p in optional)
+    )
+    held = sum(math.prod(entry.shape) for entry in stored.values())
+    # A tenth of slack: a weight or two that a real checkpoint lacks (transformers initialises it and
+    # says so after loading, as the loader reports) must not refuse it here; a config asking for
+    # more layers or experts than there are asks for far more.
+    if described > held * FILLED_SLACK:
+        layers = getattr(config.get_text_config(), "num_hidden_layers", "?")
+        experts = largest_int(config, EXPERT_COUNT_KEYS)
+        raise ModelRefused(
+            f"the weights of {name} do not have the shapes its config.json gives: {held:,} parameters in the "
+            f"checkpoint, {described:,} from the config ({layers} layers of up to {experts} experts); the config was "
+            "changed, or the weights belong to another model"
+        )
 
 
 def _shapes_differ(name: str, mismatched: list[tuple[str, list[int], list[int]]]) -> ModelRefused:
@@ -332,11 +412,15 @@ def _shapes_differ(name: str, mismatched: list[tuple[str, list[int], list[int]]]
 
 def weights_bytes(skeleton: nn.Module, files: list[Path], dtype: str | None) -> int:
     """Host memory the weights take once loaded: the parameters (``skeleton``, built by
-    ``check_supported``) at ``dtype``, else the checkpoint's files as they are (loaded in their
-    own dtype; a quantized checkpoint dequantized on load takes more, so this is its least)."""
+    ``check_supported``) at ``dtype``; else at the config's dtype, which transformers loads them in
+    (a bfloat16 checkpoint whose config says float32 takes twice its files), and never less than
+    the checkpoint's files as they are (loaded in their own dtype when the config names none)."""
     if dtype is not None:
         return sum(param.numel() for param in skeleton.parameters()) * DTYPES[dtype].itemsize
-    return sum(file.stat().st_size for file in files)
+    files_bytes = sum(file.stat().st_size for file in files)
+    if skeleton.config.dtype is None:
+        return files_bytes
+    return max(files_bytes, sum(param.numel() * param.element_size() for param in skeleton.parameters()))
 
 
 def check_ram_size(name: str, need: int, dtype: str | None) -> None:
@@ -369,8 +453,18 @@ def _weights_and_remedy(name: str, need: int, dtype: str | None) -> tuple[str, s
     return f"{name}'s weights take {need / 2**30:.1f} GiB", smaller
 
 
-def _read_safetensors_header(file: Path) -> dict[str, list[int]]:
-    """Each stored tensor's shape, refused if the file is truncated or its header corrupt."""
+class _Stored(NamedTuple):
+    """A tensor as a safetensors header describes it."""
+
+    dtype: str
+    shape: list[int]
+
+
+_INTEGERS = {"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"}
+
+
+def _read_safetensors_header(file: Path) -> dict[str, _Stored]:
+    """Each stored tensor's dtype and shape, refused if the file is truncated or its header corrupt."""
     try:
         size = file.stat().st_size
         handle = file.open("rb")
@@ -384,24 +478,25 @@ def _read_safetensors_header(file: Path) -> dict[str, list[int]]:
         if header_len > size - 8:
             raise ModelRefused(f"weight file {file.name} is truncated or not safetensors")
         try:
-            header = json.loads(handle.read(header_len))
+            header = json.loads(handle.read(header_len))  # JSON errors are ValueErrors; deep nesting recurses too far
             tensors = {key: entry for key, entry in header.items() if key != "__metadata__"}
             end = max((_data_end(entry) for entry in tensors.values()), default=0)
-            shapes = {key: _shape(entry) for key, entry in tensors.items()}
-        except (ValueError, AttributeError, KeyError, TypeError):  # JSON errors are ValueErrors
+            stored = {key: _stored(entry) for key, entry in tensors.items()}
+        except (ValueError, AttributeError, KeyError, TypeError, RecursionError):
             raise ModelRefused(f"weight file {file.name} has a corrupt header") from None
     if 8 + header_len + end > size:
         raise ModelRefused(
             f"weight file {file.name} is truncated: {size} bytes, its header promises {8 + header_len + end}"
         )
-    return shapes
+    return stored
 
 
-def _shape(tensor: dict) -> list[int]:
+def _stored(tensor: dict) -> _Stored:
+    """A header entry's tensor; a ``TypeError`` for an entry that is no tensor's."""
     shape = tensor["shape"]
     if not isinstance(shape, list) or not all(isinstance(size, int) for size in shape):
         raise TypeError("a shape that is no list of integers")
-    return shape
+    return _Stored(tensor["dtype"], shape)
 
 
 def _data_end(tensor: dict) -> int:
@@ -415,7 +510,9 @@ def _data_end(tensor: dict) -> int:
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-    except (OSError, ValueError, TypeError, KeyError) as error:
+    # Tokenizer files of any shape are read as they come: a list where an object goes, say, fails
+    # with whatever error that raises (AttributeError, a RecursionError for deep nesting).
+    except Exception as error:
         raise ModelRefused(f"no usable tokenizer in {path}: {_first_line(error)}") from None
     # Without any tokenizer file, transformers builds the model type's tokenizer with an empty vocabulary.
     if not tokenizer("Hello", add_special_tokens=False)["input_ids"]:
@@ -424,11 +521,15 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
 
 
 def top_k_of(config: PretrainedConfig) -> int:
-    """How many experts a token uses (the most any layer uses, when layers differ)."""
+    """How many experts a token uses (the most any layer uses, when layers differ), refused unless
+    at least 1 and at most the experts there are (more fail only while generating)."""
     top_k = largest_int(config, _TOP_K_KEYS)
-    if top_k:
-        return top_k
-    raise ModelRefused(f"{type(config).__name__} does not say how many experts each token uses")
+    if not top_k:
+        raise ModelRefused(f"{type(config).__name__} does not say how many experts each token uses (at least 1)")
+    experts = largest_int(config, EXPERT_COUNT_KEYS)
+    if top_k > experts > 0:
+        raise ModelRefused(f"{type(config).__name__} gives each token {top_k} experts, more than the {experts} it has")
+    return top_k
 
 
 def pick_device(device: str) -> torch.device:
@@ -512,7 +613,7 @@ def load_model(
         # only points at a report it logged, which an app's user never sees.
         hf_model, info = AutoModelForCausalLM.from_pretrained(
             path, dtype=DTYPES[dtype] if dtype else "auto", trust_remote_code=False, output_loading_info=True,
-            ignore_mismatched_sizes=True, **options
+            ignore_mismatched_sizes=True, use_safetensors=True, **options
         )
     except (OSError, ValueError, RuntimeError, ImportError, SafetensorError) as error:
         raise ModelRefused(f"loading the weights of {path.name} failed: {_first_line(error)}") from None
@@ -575,7 +676,7 @@ def _place(model: nn.Module, experts: list[nn.Module], device: torch.device) -> 
 def _json_or_empty(file: Path) -> dict:
     try:
         value = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, ValueError, RecursionError):  # decoding errors are ValueErrors; deep nesting recurses too far
         return {}
     return value if isinstance(value, dict) else {}
 

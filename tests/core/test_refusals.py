@@ -243,6 +243,7 @@ def _header(header: object, data: bytes = b"") -> bytes:
     ({"model.safetensors.index.json": b"{}"}, ("model.safetensors.index.json", "damaged")),
     ({"model.safetensors.index.json": b'{"weight_map": {"a": 5, "b": "x.safetensors"}}'}, ("model.safetensors.index.json", "damaged")),
     ({"model.safetensors.index.json": b'{"weight_map": {"a": ["x.safetensors"]}}'}, ("model.safetensors.index.json", "damaged")),
+    ({"model.safetensors.index.json": b"[" * 100_000 + b"]" * 100_000}, ("model.safetensors.index.json", "damaged")),
     ({"model.safetensors": _header([1, 2])}, ("model.safetensors has a corrupt header",)),
     ({"model.safetensors": _header({"w": {"dtype": "F32", "shape": [1], "data_offsets": "0-4"}}, b"abcd")},
      ("model.safetensors has a corrupt header",)),

@@ -92,9 +92,9 @@ def check_repo(reference: HubReference, endpoint: str | None = None) -> HubModel
         try:
             config = read_config(folder)
             skeleton = check_supported(config)
+            shape = shape_of_skeleton(config, skeleton)  # refuses a config without a usable top-k
         except ModelRefused as error:
             raise HubRefusal(UNSUPPORTED, str(error)) from None
-        shape = shape_of_skeleton(config, skeleton)
         try:
             info = HfApi(endpoint=endpoint).model_info(repo_id, revision=revision, files_metadata=True, timeout=HUB_TIMEOUT_S)
             files = remote_files(info.siblings or [])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -101,3 +103,17 @@ def test_offline_says_that_downloads_need_a_connection(hub, monkeypatch: pytest.
         check_repo(HubReference(TINY))
     assert refused.value.kind == OFFLINE and "downloads need a connection" in str(refused.value)
     assert not hub.requests
+
+
+def test_a_config_giving_a_token_more_experts_than_there_are_is_refused_as_unsupported(
+    hub, tiny_repo: Path, tmp_path: Path
+) -> None:
+    # The loader's refusal escaped the check as an engine error, not the hub panel's refusal.
+    folder = shutil.copytree(tiny_repo, tmp_path / "greedy-moe")
+    config = json.loads((folder / "config.json").read_text())
+    config["num_experts_per_tok"] = 9  # of 8
+    (folder / "config.json").write_text(json.dumps(config))
+    hub.add("seqmoe-tests/greedy-moe", folder)
+    with pytest.raises(HubRefusal) as refused:
+        check_repo(HubReference("seqmoe-tests/greedy-moe"))
+    assert refused.value.kind == UNSUPPORTED and "more than the 8 it has" in str(refused.value)
