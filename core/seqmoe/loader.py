@@ -277,14 +277,21 @@ def quantization_method(config: PretrainedConfig) -> str | None:
 def check_weights(path: Path, skeleton: nn.Module, config: PretrainedConfig) -> list[Path]:
     """The safetensors files transformers loads the checkpoint from, refused if any is missing or
     truncated, or holds a weight of another size or kind than ``skeleton`` (built from config.json)
-    gives it, or if together they hold fewer weights than it has."""
+    gives it, or if together they hold far fewer weights than it has."""
     shards = indexed_weights(path)
     if shards == []:
         raise ModelRefused(f"{INDEX_FILE} in {path} is damaged: it names no weight files")
     # Only the files transformers opens, in its order: any other *.safetensors (an adapter's, say)
-    # beside pickle weights does not make a safetensors checkpoint.
+    # beside pickle weights does not make a safetensors checkpoint. First of all it opens the file
+    # config.json names (``transformers_weights``), whatever else is there.
+    named = getattr(config, "transformers_weights", None)
+    if named is not None and named not in (SAFE_WEIGHTS_NAME, INDEX_FILE):
+        raise ModelRefused(
+            f"the config.json of {path.name} names {named!r} for its weights (transformers_weights); seqmoe loads "
+            f"only {SAFE_WEIGHTS_NAME} or {INDEX_FILE} and its shards, safetensors, which cannot run code"
+        )
     single = path / SAFE_WEIGHTS_NAME
-    files = [single] if single.is_file() else shards
+    files = [single] if single.is_file() and named != INDEX_FILE else shards
     if files is None:
         if any(path.glob("*.bin")) or any(path.glob("*.pt")):
             raise ModelRefused(

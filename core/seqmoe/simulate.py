@@ -266,7 +266,7 @@ def _policy(
         if predictor is None:  # as the engine runs it until a predictor is calibrated
             if routers is None:
                 raise ValueError("the seqmoe policy needs a predictor, or the traced model's routers")
-            return RouterSeqMoEPolicy(routers, experts, traces.experts.shape[2], stride=1)
+            return RouterSeqMoEPolicy(routers, experts, traces.experts.shape[2])
         prior = predictor.config.prior()
         predict: Callable = predictor.predict
         reuse = predictor.reuse.later_values if predictor.reuse is not None else None

@@ -272,7 +272,7 @@ def test_an_import_with_a_value_the_app_cannot_store_is_reported_and_adds_nothin
     assert titles(window) == ["Keep this one"]
 
 
-def test_an_export_that_fails_on_stored_data_is_reported(qtbot, window, tmp_path: Path, monkeypatch) -> None:
+def test_an_export_whose_renderer_fails_is_reported_and_writes_nothing(qtbot, window, tmp_path: Path, monkeypatch) -> None:
     chat(qtbot, window, "Export me")
     # Stored data a renderer cannot show (a bug: what a damaged database holds is shown as it can be).
     def cannot_show(transcripts) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -132,6 +133,16 @@ def test_a_broken_database_whose_new_one_cannot_be_made_is_put_back_to_be_found_
     opened = open_database(path)  # space freed: the next start moves it aside and says so
     assert opened.notice and "could not be opened" in opened.notice
     assert list(tmp_path.glob("chats.sqlite3.broken-*"))
+
+def test_a_database_of_another_app_is_moved_aside_and_a_fresh_one_starts(tmp_path: Path) -> None:
+    # Its schema failed the migration: left as it was, it stopped every start, with advice about disk space.
+    path = tmp_path / "chats.sqlite3"
+    with contextlib.closing(sqlite3.connect(path)) as other:
+        other.execute("CREATE TABLE conversations (x)")
+        other.commit()
+    opened = open_database(path)
+    assert opened.notice and "could not be opened" in opened.notice
+    assert ConversationStore(opened.connection).summaries() == [] and list(tmp_path.glob("chats.sqlite3.broken-*"))
 
 def test_a_database_from_a_newer_app_is_kept_aside(tmp_path: Path) -> None:
     path = tmp_path / "chats.sqlite3"

@@ -72,6 +72,21 @@ def test_transformers_is_never_let_fall_back_on_pickle_weights(
     assert unpickled == []
 
 
+@pytest.mark.parametrize("named", ["adapter_model.bin", "other.safetensors"])
+def test_weights_that_config_json_names_for_transformers_are_refused_unless_the_checked_ones(
+    capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named: str
+) -> None:
+    # transformers opens the file transformers_weights names before model.safetensors: a .bin was unpickled
+    # though model.safetensors, which the checks read, was there.
+    folder = copy_model(mixtral_dir, tmp_path / "named")
+    torch.save(load_file(str(folder / "model.safetensors")), folder / "adapter_model.bin")
+    (folder / "other.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    edit_config(folder, transformers_weights=named)
+    unpickled = []
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: unpickled.append(args))
+    assert_refused(capsys, folder, f"names '{named}' for its weights (transformers_weights)")
+    assert unpickled == []
+
 # It used to be found missing only once allocated: 38 s and 2.7 GB for 10000 layers, the allocator's
 # traceback for 10**9 experts.
 @pytest.mark.parametrize(("key", "value", "asked"), [

@@ -961,3 +961,16 @@ def test_seqmoe_without_a_predictor_loads_the_routers_top_k_as_gate_does_and_evi
     # (3, 2), seldom used, not from (2, 1), the least recently used.
     assert {(1, 0), (1, 1), (2, 1)} <= set(cache.pool.slot_of) and cache.prefetches.issued == 2
     cache.copier.close()
+
+
+def test_seqmoe_without_a_predictor_loads_the_routers_top_k_among_many_experts() -> None:
+    # A router spread over 128 experts gives each less than the predictor's floor of 0.02: about one
+    # of the top 8 was loaded.
+    torch.manual_seed(0)
+    routers = [torch.nn.Linear(16, 128, bias=False) for _ in range(LAYERS)]
+    policy = RouterSeqMoEPolicy(routers, 128, top_k=8)
+    hidden = torch.randn(16) * 0.1
+    with torch.no_grad():
+        made = policy.forecast(0, hidden, torch.tensor([0]))
+        best = torch.softmax(routers[1](hidden), dim=0).topk(8).indices.tolist()
+    assert sorted(f.key for f in made) == sorted((1, expert) for expert in best)

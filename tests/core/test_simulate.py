@@ -119,7 +119,7 @@ def test_simulated_seqmoe_without_a_predictor_replays_the_engines_router_fallbac
     captured = capsys.readouterr()
     rows = {row["policy"]: row for row in json.loads(captured.out)["rows"]}
     assert status == 0 and "seqmoe is replayed as the engine runs it until one is calibrated" in captured.err
-    # It loads the same guesses as gate, the router's top-k of the next layer; some go unused.
+    # It loads the router's guesses, the next layer's top-k, as gate does (it used to be refused); some go unused.
     assert rows["seqmoe"]["tokens"] == rows["gate"]["tokens"] > 0
     assert 0 < rows["seqmoe"]["unused_prefetch_fraction"] < 1
 

@@ -91,7 +91,9 @@ class CalibrationRunner:
             reason = self._last_line.removeprefix(_ERROR)
             if code < 0:  # a signal (SIGKILL from the out-of-memory killer, mostly): the child could not say why
                 killed = f"Calibration was killed (signal {-code}; often out of memory)"
-                self.status.message = f"{killed}: {reason}" if reason else killed
+                # Only an error of its own is worth adding: a warning long before the kill is no reason.
+                said = self._last_line.startswith(_ERROR)
+                self.status.message = f"{killed}: {reason}" if said else killed
             else:
                 self.status.message = f"Calibration failed: {reason or f'exit status {code}'}"
         return True

@@ -1,12 +1,12 @@
 """Opening the chat database: WAL mode, migrations, and recovery from a broken file.
 
-A database that cannot be used (corrupt, written by a newer app) is renamed, never deleted,
-and the app starts with a fresh one and tells the user. Any other failure leaves the file where
-it is, and the app says why it cannot open it (``DatabaseUnavailable``) instead of starting
-without the user's chats: another program holds it locked, it is read-only, the disk is full,
-the folder refuses access. Moved aside for those, it was gone from the next start once the
-cause was gone (a new, empty database stood in its place, and nothing said where the old one
-went).
+A database that cannot be used (damaged, no database at all, its schema another app's or a
+newer version's) is renamed, never deleted, and the app starts with a fresh one and tells the
+user. A sound one that the computer keeps out of reach for now is left where it is, and the app
+says why it cannot open it (``DatabaseUnavailable``) instead of starting without the user's
+chats: another program holds it locked, it is read-only, the disk is full, the folder refuses
+access, an I/O error. Moved aside for those, it was gone from the next start once the cause was
+gone (a new, empty database stood in its place, and nothing said where the old one went).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from .migrations import SchemaTooNew, migrate
+from .migrations import migrate
 from .transactions import transaction
 
 DATABASE_NAME = "chats.sqlite3"
@@ -29,12 +29,12 @@ class DatabaseUnavailable(sqlite3.OperationalError):
     """The database is sound but cannot be used now; the message says why and what to do."""
 
 
-class _FailedIntegrityCheck(sqlite3.DatabaseError):
-    pass
-
-
-_DAMAGED = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
-"""SQLite's primary codes for a file that is damaged or no database: the only ones moved aside."""
+_OUT_OF_REACH = (
+    sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM,
+    sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_NOLFS, sqlite3.SQLITE_AUTH,
+)
+"""SQLite's primary codes for a sound file the computer keeps out of reach for now: left as it is.
+Any other failure (damage, no database, a schema of a newer or another app) is the file's own."""
 
 
 @dataclass
@@ -60,13 +60,14 @@ def open_database(path: Path) -> OpenedDatabase:
                 f"The chat database {path} is read-only; make it writable, or choose another data folder "
                 "with --data-dir or SEQMOE_CHAT_DATA_DIR."
             ) from None
-        if code not in _DAMAGED and not isinstance(error, (_FailedIntegrityCheck, SchemaTooNew)):
+        if code in _OUT_OF_REACH:
             raise DatabaseUnavailable(
                 f"The chat database {path} could not be opened ({error}); it was left as it is. Free some disk "
                 "space or give this user access to its folder, and try again, or choose another data folder "
                 "with --data-dir or SEQMOE_CHAT_DATA_DIR."
             ) from None
-        moved = _move_aside(path)
+        moved = path.with_name(f"{path.name}.broken-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        _move(path, moved)
         notice = (
             f"The chat database could not be opened ({error}). It was kept as {moved} "
             "and SeqMoE Chat started with a new, empty one."
@@ -76,7 +77,7 @@ def open_database(path: Path) -> OpenedDatabase:
         except BaseException:
             # Put back, so that the next start finds the broken file and says so, instead of the
             # empty one this attempt left, without a word.
-            _move_back(moved, path)
+            _move(moved, path)
             raise
 
 
@@ -95,7 +96,7 @@ def _connect(path: Path) -> sqlite3.Connection:
                                    deterministic=True)
         check = connection.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
-            raise _FailedIntegrityCheck(f"integrity check failed: {check}")
+            raise sqlite3.DatabaseError(f"integrity check failed: {check}")
         # Taking the write lock once proves nobody else holds it.
         with transaction(connection):
             pass
@@ -106,19 +107,9 @@ def _connect(path: Path) -> sqlite3.Connection:
     return connection
 
 
-def _move_aside(path: Path) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    target = path.with_name(f"{path.name}.broken-{stamp}")
+def _move(source: Path, target: Path) -> None:
+    """The database at ``source`` and its companion files, to ``target``, over what is there."""
     for suffix in _COMPANIONS:
-        source = Path(f"{path}{suffix}")
-        if source.exists():
-            os.replace(source, Path(f"{target}{suffix}"))
-    return target
-
-
-def _move_back(moved: Path, path: Path) -> None:
-    for suffix in _COMPANIONS:
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
-        source = Path(f"{moved}{suffix}")
-        if source.exists():
-            os.replace(source, Path(f"{path}{suffix}"))
+        Path(f"{target}{suffix}").unlink(missing_ok=True)
+        if Path(f"{source}{suffix}").exists():
+            os.replace(Path(f"{source}{suffix}"), Path(f"{target}{suffix}"))

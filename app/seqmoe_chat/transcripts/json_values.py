@@ -3,10 +3,10 @@ could have written, else raises TranscriptError naming the field and where it is
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from ..store.records import is_number
+from .transcript import parse_time
 
 _MISSING = object()
 
@@ -63,7 +63,7 @@ class Fields:
     def timestamp(self, key: str, default: Any = _MISSING) -> str:
         value = self.text(key, default)
         try:
-            datetime.fromisoformat(value).astimezone()  # what every export and the chat will do with it
+            parse_time(value)  # what every export and the chat will do with it
         except (ValueError, OverflowError):
             raise self.error(key, "is not a date and time") from None
         return value

@@ -28,12 +28,18 @@ def speaker(message: Message) -> str:
     return "You" if message.role == USER else "Assistant"
 
 
+def parse_time(timestamp: str) -> datetime:
+    """``timestamp`` in local time; ``ValueError`` or ``OverflowError`` when it is no ISO time or none
+    this computer's clock holds (year 1 in a zone east of UTC)."""
+    return datetime.fromisoformat(timestamp).astimezone()
+
+
 def local_time(timestamp: str) -> str:
-    """``timestamp`` in local time; as it is when it is no ISO time (a hand-edited database), so that
-    the chat still exports."""
+    """``timestamp`` in local time; as it is when it is no time (a hand-edited database), so that the
+    chat still exports."""
     try:
-        return datetime.fromisoformat(timestamp).astimezone().strftime("%Y-%m-%d %H:%M")
-    except ValueError:
+        return parse_time(timestamp).strftime("%Y-%m-%d %H:%M")
+    except (ValueError, OverflowError):
         return timestamp
 
 

@@ -29,7 +29,8 @@ os.kill(os.getpid(), signal.SIGKILL)
     ("", None),
     ("print('seqmoe: error: the predictor could not be saved', file=sys.stderr, flush=True)",
      "the predictor could not be saved"),
-], ids=["silent", "after-an-error-line"])
+    ("print('UserWarning: a library said something', file=sys.stderr, flush=True)", None),
+], ids=["silent", "after-an-error-line", "after-a-warning"])
 def test_a_calibration_killed_by_a_signal_says_so_not_its_progress_bar(tmp_path: Path, before: str, kept: str | None) -> None:
     runner = CalibrationRunner(command=[sys.executable, "-c", KILLED.format(before=before)])
     status = runner.start(tmp_path / "model")
@@ -43,6 +44,8 @@ def test_a_calibration_killed_by_a_signal_says_so_not_its_progress_bar(tmp_path:
     assert "42%" not in status.message
     if kept:
         assert status.message.endswith(f": {kept}")
+    else:
+        assert status.message == "Calibration was killed (signal 9; often out of memory)"
 
 
 def test_a_leftover_folder_without_a_model_is_named_not_called_in_the_library(data_dir: Path) -> None:
