@@ -18,14 +18,12 @@ class ChatHeader(QWidget):
         super().__init__(parent)
         # Elided: a long title or prompt must not make the chat's column wider than the window allows.
         self.title = ElidedLabel()
-        self.title.setTextFormat(Qt.TextFormat.PlainText)  # a title is the user's text, never markup
         font = self.title.font()
         font.setPointSizeF(font.pointSizeF() * 1.2)
         font.setBold(True)
         self.title.setFont(font)
         self.system_prompt = ElidedLabel()
         self.system_prompt.setStyleSheet("color: #8a8a8a;")
-        self.system_prompt.setTextFormat(Qt.TextFormat.PlainText)
         self.settings_button = QPushButton("Prompt && sampling…")
         self.settings_button.setToolTip("The system prompt and sampling settings of this conversation")
         self.settings_button.clicked.connect(self.sig_settings_requested)

@@ -98,7 +98,7 @@ def _export(store: ConversationStore, args: argparse.Namespace) -> int:
 
 def _import(store: ConversationStore, file: Path) -> int:
     try:
-        ids = import_json(store, file.read_text(encoding="utf-8-sig"))
+        ids = import_json(store, file.read_text(encoding="utf-8"))
     except OSError as error:
         print(f"seqmoe-chat: cannot read {file}: {error.strerror or error}", file=sys.stderr)
         return 1

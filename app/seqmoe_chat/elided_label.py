@@ -16,6 +16,7 @@ class ElidedLabel(QLabel):
 
     def __init__(self) -> None:
         super().__init__()
+        self.setTextFormat(Qt.TextFormat.PlainText)  # the user's text (a title, a prompt), never markup
         self._full = ""
 
     def set_full_text(self, text: str) -> None:

@@ -368,7 +368,7 @@ class MainWindow(QMainWindow):
             return
         with self._changing_chats("Importing conversations"):
             try:
-                ids = import_json(self.store, path.read_text(encoding="utf-8-sig"))
+                ids = import_json(self.store, path.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, TranscriptError) as error:
                 dialogs.show_error(self, "Import failed", f"{path.name} could not be imported: {error}")
                 return

@@ -50,7 +50,7 @@ class MarkdownView(QTextBrowser):
         self._text, self._markdown = text, True
         document = self.document()
         document.setMarkdown(_with_copy_links(text), MARKDOWN_FEATURES)
-        if _most_formats_in_a_paragraph(document) > MAX_FORMATS_PER_PARAGRAPH:
+        if _has_a_paragraph_of_too_many_formats(document):
             self.setPlainText(text)
         else:
             # Light text means a dark theme (the transparent background says nothing).
@@ -95,12 +95,15 @@ class MarkdownView(QTextBrowser):
             self.set_markdown(self._text)
 
 
-def _most_formats_in_a_paragraph(document: QTextDocument) -> int:
-    most, block = 0, document.firstBlock()
+def _has_a_paragraph_of_too_many_formats(document: QTextDocument) -> bool:
+    # Run at every streamed update of a reply: a block has no more changes of format than
+    # characters, so only long ones are asked for theirs (a list of them, built in Python).
+    block = document.firstBlock()
     while block.isValid():
-        most = max(most, len(block.textFormats()))
+        if block.length() > MAX_FORMATS_PER_PARAGRAPH and len(block.textFormats()) > MAX_FORMATS_PER_PARAGRAPH:
+            return True
         block = block.next()
-    return most
+    return False
 
 
 def _with_copy_links(markdown: str) -> str:

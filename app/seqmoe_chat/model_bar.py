@@ -95,8 +95,8 @@ class ModelBar(QWidget):
         for widget in (self.progress, self.stage, self.cancel_button):
             widget.setVisible(loading)
         self.load_button.setEnabled(not loading)
-        self.unload_button.setEnabled(loaded and not loading)
-        self.sig_state_shown.emit(loading, loaded and not loading)
+        self.unload_button.setEnabled(loaded)
+        self.sig_state_shown.emit(loading, loaded)
 
     def _on_activated(self, index: int) -> None:
         if self.models.itemData(index) != _OTHER:

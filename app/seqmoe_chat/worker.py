@@ -284,8 +284,7 @@ class EngineWorker(QObject):
 
     def _load_failed(self, request_id: int, model: str, error: Exception) -> None:
         """Say why ``model`` did not load, with the model that stays loaded, if any."""
-        if not _is_engine_error(error):
-            log.exception("loading %s failed", model or "the demo model")
+        _log_unexpected(error, "loading %s failed", model or "the demo model")
         self.sig_load_failed.emit(request_id, describe_error(error), self._info)
 
     @Slot(int, object)
@@ -307,18 +306,10 @@ class EngineWorker(QObject):
             elif options.policy != "full":
                 engine.resize(**options.cache_size(engine.free_memory_budget_gb()))
         except Exception as error:  # the model stays usable with the configuration it had
-            if not _is_engine_error(error):
-                log.exception("reconfiguring the cache failed")
+            _log_unexpected(error, "reconfiguring the cache failed")
             reason = describe_error(error)
             if (engine.policy_name, engine.link_gbps, engine.link_setup, engine.horizon) != before[:4]:
-                engine.link_gbps, engine.link_setup, engine.horizon = before[1:4]
-                try:
-                    engine.configure(before[0], cache_ratio=before[4] / engine.geometry.total_experts)
-                except Exception as restore_error:  # the engine is left without a cache: only a new load builds one
-                    if not _is_engine_error(restore_error):
-                        log.exception("restoring the cache as it was failed")
-                    reason += ("\n\nRebuilding the previous cache failed too, so the model cannot reply until "
-                               f"it is loaded again: {describe_error(restore_error)}")
+                reason += _restore(engine, before)
             self._info = model_info(engine)
             self.sig_reconfigure_failed.emit(request_id, reason, self._info)
             return
@@ -356,8 +347,7 @@ class EngineWorker(QObject):
             # Its statistics too: a reply that cannot be finished must fail, not stream forever.
             reply = ReplyResult(result.text, self._info.name, self._cancelled(request_id), result.stats.as_dict())
         except Exception as error:  # a failed reply must leave the worker ready for the next
-            if not _is_engine_error(error):
-                log.exception("generation failed")
+            _log_unexpected(error, "generation failed")
             self.sig_reply_failed.emit(request_id, describe_error(error), _text_or(stream, decoded))
             return
         self.sig_reply_finished.emit(request_id, reply)
@@ -406,10 +396,25 @@ def _text_or(stream: TokenText, fallback: str) -> str:
         return fallback
 
 
-def _is_engine_error(error: BaseException) -> bool:
+def _log_unexpected(error: BaseException, message: str, *args: object) -> None:
+    """Log ``error`` with its traceback unless it is the engine's own refusal, whose message says it all."""
     from seqmoe import SeqMoEError
 
-    return isinstance(error, SeqMoEError)
+    if not isinstance(error, SeqMoEError):
+        log.exception(message, *args)
+
+
+def _restore(engine: Engine, before: tuple) -> str:
+    """Configure ``engine`` as ``before`` (policy, link speed, link setup, horizon, slots) after a
+    change that failed; what to add to the failure's reason ("" when the old cache is back)."""
+    engine.link_gbps, engine.link_setup, engine.horizon = before[1:4]
+    try:
+        engine.configure(before[0], cache_ratio=before[4] / engine.geometry.total_experts)
+    except Exception as error:  # the engine is left without a cache: only a new load builds one
+        _log_unexpected(error, "restoring the cache as it was failed")
+        return ("\n\nRebuilding the previous cache failed too, so the model cannot reply until "
+                f"it is loaded again: {describe_error(error)}")
+    return ""
 
 
 def _engine_sampling(settings: SamplingSettings):

@@ -263,13 +263,16 @@ class ExpertCache:
                 if job is not None:
                     self.copier.wait(job, phase)
         finally:
-            for slot in slots:
-                # A copy that has not landed (its write failed, or the wait for another did) stays
-                # on the books of copies on their way: its slot is no victim until it lands.
-                job = self.pool.job[slot]
-                if job is not None and self.pool.state(slot) is SlotState.LOADING:
-                    self._queued[job.key] = job
+            self._keep_unlanded([self.pool.job[slot] for slot in slots if self.pool.job[slot] is not None])
             self.release(slots)
+
+    def _keep_unlanded(self, jobs: Sequence[CopyJob]) -> None:
+        """Keep each of ``jobs`` that has not landed (its write failed, or the wait for another did)
+        on the books of copies on their way: its slot is no victim until it lands, so a later copy
+        into that slot is never overwritten by it."""
+        for job in jobs:
+            if self.pool.state(job.slot) is SlotState.LOADING:
+                self._queued[job.key] = job
 
     def resize(self, size: int) -> None:
         """Grow or shrink the pool between two generations, keeping the most recently used experts.
@@ -318,12 +321,7 @@ class ExpertCache:
             for job in jobs:
                 self.copier.wait(job, "prefill")
         finally:
-            # A copy that has not landed (its write failed, or the wait for another did) stays on the
-            # books of copies on their way, as ``_abandon`` keeps a failed layer's: its slot is no
-            # victim until it lands, so a later copy into that slot is never overwritten by it.
-            for job in jobs:
-                if self.pool.state(job.slot) is SlotState.LOADING:
-                    self._queued[job.key] = job
+            self._keep_unlanded(jobs)
         # Read now and dropped (on CUDA, reading them waits for the copies to land): no layer waited.
         self.copier.stall_seconds()
         self.copier.take_stalls()

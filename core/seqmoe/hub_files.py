@@ -44,8 +44,13 @@ def indexed_weights(folder: Path) -> list[Path] | None:
     index = folder / INDEX_FILE
     if not index.is_file():
         return None
+    return [folder / shard for shard in sorted(index_shards(json_object(index)))]
+
+
+def json_object(file: Path) -> dict[str, Any]:
+    """The JSON object in ``file``; empty when it cannot be read or holds anything else."""
     try:
-        value = json.loads(index.read_text(encoding="utf-8"))
+        value = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):  # decoding errors are ValueErrors; deep nesting recurses too far
-        return []
-    return [folder / shard for shard in sorted(index_shards(value))] if isinstance(value, dict) else []
+        return {}
+    return value if isinstance(value, dict) else {}

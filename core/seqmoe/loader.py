@@ -42,7 +42,7 @@ from transformers.utils import SAFE_WEIGHTS_NAME
 
 from .counts import is_count
 from .errors import ModelRefused, SeqMoEError
-from .hub_files import IN_A_FOLDER, INDEX_FILE, SMALL_PATTERNS, WEIGHT_PATTERN, index_shards, indexed_weights
+from .hub_files import IN_A_FOLDER, INDEX_FILE, SMALL_PATTERNS, WEIGHT_PATTERN, indexed_weights, json_object
 from .layer_configs import largest_int
 from .pinned import CudaHostRegistry, PinnedBuffers
 from .store import HostStore, expert_parameters
@@ -143,8 +143,8 @@ def _download(repo_id: str) -> Path:
     try:
         # The configs and the index first: the weights are the files the index names (see ``hub_files``).
         small = Path(snapshot_download(repo_id, allow_patterns=list(SMALL_PATTERNS), ignore_patterns=IN_A_FOLDER))
-        index = small / INDEX_FILE
-        weights = sorted(index_shards(_json_or_empty(index))) if index.is_file() else [WEIGHT_PATTERN]
+        shards = indexed_weights(small)
+        weights = [shard.name for shard in shards] if shards is not None else [WEIGHT_PATTERN]
         return Path(snapshot_download(repo_id, allow_patterns=weights, ignore_patterns=IN_A_FOLDER))
     except GatedRepoError:
         raise ModelRefused(
@@ -182,7 +182,7 @@ def read_config(path: Path) -> PretrainedConfig:
     native = isinstance(model_type, str) and model_type in CONFIG_MAPPING
     for name in ("config.json", "tokenizer_config.json"):
         file = path / name
-        if file.is_file() and "auto_map" in _json_or_empty(file) and not native:
+        if file.is_file() and "auto_map" in json_object(file) and not native:
             raise ModelRefused(
                 f"{path.name} needs its own remote code ({name} has auto_map and transformers has no built-in "
                 f"{raw.get('model_type', 'unknown')!r} architecture); seqmoe never runs code shipped with a model"
@@ -678,14 +678,6 @@ def _place(model: nn.Module, experts: list[nn.Module], device: torch.device) -> 
         for name, buffer in module.named_buffers(recurse=False):
             if buffer is not None:
                 module._buffers[name] = buffer.to(device)
-
-
-def _json_or_empty(file: Path) -> dict:
-    try:
-        value = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # decoding errors are ValueErrors; deep nesting recurses too far
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _first_line(error: BaseException) -> str:

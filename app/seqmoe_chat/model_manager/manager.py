@@ -98,7 +98,7 @@ class ModelManager(QObject):
         one, a file system error)."""
         folder = item.model.path.resolve()
         loaded = self.loaded_path()
-        if loaded and _names(loaded, item.model):
+        if loaded and _names(loaded, item.model, folder):
             raise LibraryError(f"{item.model.name} is loaded or loading; unload it first")
         calibrating = self.calibration.status
         if self.calibration.busy and calibrating is not None and Path(calibrating.model).resolve() == folder:
@@ -160,10 +160,11 @@ class ModelManager(QObject):
             self._timer.stop()
 
 
-def _names(model: str, library_model: LibraryModel) -> bool:
-    """Whether ``model``, a folder or a hub id as the main window loads it, is ``library_model``."""
+def _names(model: str, library_model: LibraryModel, folder: Path) -> bool:
+    """Whether ``model``, a folder or a hub id as the main window loads it, is ``library_model``
+    (in ``folder``, its path resolved)."""
     path = Path(model).expanduser()
     if path.exists():
-        return path.resolve() == library_model.path.resolve()
+        return path.resolve() == folder
     # A hub id is loaded from the Hugging Face cache (downloading what it lacks), whichever revision it takes.
     return library_model.source == HUB_CACHE and model == library_model.repo_id

@@ -62,9 +62,14 @@ def read_json_as(path: Path, fmt: str, version: int, parse: Callable[[dict[str, 
         raise StoredFileError(f"{path.name} is not as this app writes it ({error}); {set_aside(path)}") from None
 
 
+def broken_name(path: Path) -> Path:
+    """Where a file of the app's that it cannot use is kept: beside it, named for the time."""
+    return path.with_name(f"{path.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
 def set_aside(path: Path) -> str:
     """Rename ``path`` aside, where nothing overwrites it; says where it went, for a message."""
-    kept = path.with_name(f"{path.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
+    kept = broken_name(path)
     try:
         os.replace(path, kept)
     except OSError as error:

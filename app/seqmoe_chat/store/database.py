@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 import sqlite3
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
+from ..models.json_file import broken_name
 from .migrations import migrate
 from .transactions import transaction
 
@@ -66,7 +66,7 @@ def open_database(path: Path) -> OpenedDatabase:
                 "space or give this user access to its folder, and try again, or choose another data folder "
                 "with --data-dir or SEQMOE_CHAT_DATA_DIR."
             ) from None
-        moved = path.with_name(f"{path.name}.broken-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        moved = broken_name(path)
         _move(path, moved)
         notice = (
             f"The chat database could not be opened ({error}). It was kept as {moved} "

@@ -33,7 +33,7 @@ from ..store.records import (
     TOP_PS,
     now_iso,
 )
-from ..store.threads import latest_leaf
+from ..store.threads import children_of, latest_leaf
 from .json_values import Fields, TranscriptError, is_unicode
 from .reply_stats import NUMBERS
 from .transcript import Transcript
@@ -85,7 +85,8 @@ def _conversation_dict(transcript: Transcript) -> dict[str, Any]:
 def from_json(text: str) -> list[Transcript]:
     """Transcripts with file-local ids; raises TranscriptError on anything malformed."""
     try:
-        document = json.loads(text)
+        # A byte order mark, as Windows' Notepad saves UTF-8, starts no JSON but means nothing else.
+        document = json.loads(text.removeprefix("\ufeff"))
     except json.JSONDecodeError as error:
         raise TranscriptError(f"not JSON: {error}") from None
     except RecursionError:
@@ -117,7 +118,7 @@ def _transcript(item: Fields) -> Transcript:
     if current is None and messages:
         # A file written by hand or by another tool may name none: the newest line is shown, as
         # the app shows a new version. With none, the chat opened empty.
-        current = latest_leaf(messages, [m.id for m in messages if m.parent_id is None][-1])
+        current = latest_leaf(messages, children_of(messages)[None][-1])
     conversation = Conversation(
         id=0,
         title=item.text("title"),
