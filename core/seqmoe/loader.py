@@ -44,6 +44,7 @@ from .counts import is_count
 from .errors import ModelRefused, SeqMoEError
 from .hub_files import IN_A_FOLDER, INDEX_FILE, SMALL_PATTERNS, WEIGHT_PATTERN, indexed_weights, json_object
 from .layer_configs import largest_int
+from .non_finite import first_non_finite
 from .pinned import CudaHostRegistry, PinnedBuffers
 from .store import HostStore, expert_parameters
 
@@ -162,7 +163,8 @@ def _download(repo_id: str) -> Path:
 
 
 def read_config(path: Path) -> PretrainedConfig:
-    """The model's config, refused if it is missing, asks for remote code, or is unknown."""
+    """The model's config, refused if it is missing, holds a number that is not finite, asks for
+    remote code, or is unknown."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelRefused(f"{path} is not a Hugging Face model folder (no config.json)")
@@ -174,6 +176,11 @@ def read_config(path: Path) -> PretrainedConfig:
         raise ModelRefused(f"{config_file} cannot be read: {error.strerror or error}") from None
     if not isinstance(raw, dict):
         raise ModelRefused(f"{config_file} is not a model config (a JSON object)")
+    if (found := first_non_finite(raw)) is not None:
+        key, value = found  # json.dumps names it in JSON's words: NaN, Infinity, -Infinity
+        raise ModelRefused(
+            f"config.json of {path.name}: {key} is {json.dumps(value)}; a model's config holds finite numbers"
+        )
     # A model may ship its own code (auto_map) for an architecture that transformers now
     # implements itself (DeepSeek-V2, Phi-3.5-MoE): then the built-in classes are used and the
     # shipped code is ignored, as transformers does without trust_remote_code. Otherwise the

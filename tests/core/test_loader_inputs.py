@@ -5,7 +5,10 @@ ended in a traceback, settings it misnamed. Each is refused in one line, before 
 from __future__ import annotations
 
 import json
+import math
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -216,3 +219,35 @@ def test_a_config_without_layers_is_named_as_such(
     folder = copy_model(mixtral_dir, tmp_path / "hollow")
     edit_config(folder, num_hidden_layers=0)
     assert_refused(capsys, folder, "the config.json of this MixtralForCausalLM has no layers (num_hidden_layers 0)")
+
+
+# Python's json reads NaN and Infinity: such a config used to load, then reply with nothing (NaN logits).
+@pytest.mark.parametrize(("changes", "named"), [
+    ({"rms_norm_eps": math.nan}, "rms_norm_eps is NaN"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": math.inf}}, "rope_scaling.factor is Infinity"),
+    ({"head_dim": 8, "rope_scaling": {"rope_type": "longrope", "factor": 2.0, "original_max_position_embeddings": 128,
+                                      "short_factor": [1.0] * 4, "long_factor": [1.0, -math.inf, 1.0, 1.0]}},
+     "rope_scaling.long_factor[1] is -Infinity"),
+    ({"odd\nkey": {"depth": [[math.nan]]}}, '"odd\\nkey".depth[0][0] is NaN'),  # its line break kept out of the line
+])
+def test_a_config_holding_a_number_that_is_not_finite_is_refused_by_its_key(
+    capsys: pytest.CaptureFixture[str], mixtral_dir: Path, tmp_path: Path, no_weight_read: None,
+    changes: dict, named: str,
+) -> None:
+    folder = copy_model(mixtral_dir, tmp_path / "unbounded")
+    edit_config(folder, **changes)
+    assert_refused(capsys, folder, f"config.json of unbounded: {named}; a model's config holds finite numbers")
+
+
+def test_the_command_refuses_a_config_holding_nan_in_one_line(mixtral_dir: Path, tmp_path: Path) -> None:
+    folder = copy_model(mixtral_dir, tmp_path / "unbounded")
+    edit_config(folder, rms_norm_eps=math.nan)
+    result = subprocess.run(
+        [sys.executable, "-m", "seqmoe", "generate", "--model", str(folder), "--prompt", "hi", "--device", "cpu"],
+        capture_output=True, text=True, timeout=120, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "seqmoe: error: config.json of unbounded: rms_norm_eps is NaN; a model's config holds finite numbers"
+    ]

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 import seqmoe.trace
 from seqmoe import Engine, SeqMoEError, load_model
 from seqmoe.cli import main
-from seqmoe.predictor import load_predictor, save_predictor
+from seqmoe.predictor import PredictorConfig, load_predictor, save_predictor
 from seqmoe.predictor.evaluation import evaluate, frequency_scorer, hits_at, previous_token_scorer
 from seqmoe.predictor.samples import Positions, positions_of, split_documents
 from seqmoe.predictor.training import TrainingOptions, train_predictor, validation_loss
@@ -332,6 +332,14 @@ def test_a_predictor_config_with_values_of_the_wrong_kind_is_refused_in_one_line
         with pytest.raises(SeqMoEError, match="p.json is not a predictor config of this seqmoe version: ") as refused:
             load_predictor(path)
         assert "\n" not in str(refused.value), edit
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity"])
+def test_a_predictor_config_whose_frequency_is_not_finite_is_refused(number: str) -> None:
+    # Python's json reads these; the prior eviction starts from came out NaN.
+    text = f'{{"hidden_size": 4, "num_layers": 1, "num_experts": 2, "top_k": 1, "frequency": [[0.5, {number}]]}}'
+    with pytest.raises(ValueError, match="frequency must hold finite numbers"):
+        PredictorConfig(**json.loads(text))
 
 
 def test_hits_count_the_actual_experts_among_the_best_scores() -> None:

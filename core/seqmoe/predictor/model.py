@@ -18,6 +18,7 @@ tokens later each expert comes back, for eviction beyond the forecast's horizon.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -77,6 +78,10 @@ class PredictorConfig:
             and all(isinstance(value, (int, float)) for row in self.frequency for value in row)
         ):
             raise ValueError(f"frequency must be {self.num_layers} lists of {self.num_experts} numbers")
+        # json reads NaN and Infinity; either would poison the usage history eviction starts from
+        # (``prior``). Only floats are asked: an int too large for a float overflows in ``isfinite``.
+        if any(isinstance(value, float) and not math.isfinite(value) for row in self.frequency for value in row):
+            raise ValueError("frequency must hold finite numbers, got NaN or Infinity")
         if not all(is_count(runs) for runs in self.reuse_horizons):
             raise ValueError(f"reuse_horizons must be whole numbers, got {self.reuse_horizons!r}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -117,3 +118,17 @@ def test_a_config_giving_a_token_more_experts_than_there_are_is_refused_as_unsup
     with pytest.raises(HubRefusal) as refused:
         check_repo(HubReference("seqmoe-tests/greedy-moe"))
     assert refused.value.kind == UNSUPPORTED and "more than the 8 it has" in str(refused.value)
+
+
+def test_a_config_holding_nan_is_refused_as_unsupported_by_its_key(hub, tiny_repo: Path, tmp_path: Path) -> None:
+    # It was offered for download; once loaded, its every reply came out empty.
+    folder = shutil.copytree(tiny_repo, tmp_path / "nan-moe")
+    config = json.loads((folder / "config.json").read_text())
+    config["rms_norm_eps"] = math.nan
+    (folder / "config.json").write_text(json.dumps(config))
+    hub.add("seqmoe-tests/nan-moe", folder)
+    with pytest.raises(HubRefusal) as refused:
+        check_repo(HubReference("seqmoe-tests/nan-moe"))
+    assert refused.value.kind == UNSUPPORTED
+    assert "config.json of nan-moe: rms_norm_eps is NaN; a model's config holds finite numbers" in str(refused.value)
+    assert not hub.file_requests(".safetensors")
