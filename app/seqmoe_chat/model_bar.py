@@ -11,6 +11,7 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
+from seqmoe.hub_files import model_name
 
 from .elided_label import ElidedLabel
 from .tooltips import plain_tooltip
@@ -60,7 +61,7 @@ class ModelBar(QWidget):
         self.models.clear()
         self.models.addItem(DEMO_LABEL, "")
         for model in recent:
-            self.models.addItem(Path(model).name or model, model)
+            self.models.addItem(self._label(model), model)
             self.models.setItemData(self.models.count() - 1, model, Qt.ItemDataRole.ToolTipRole)
         for label, model in self._library:
             if self.models.findData(model) < 0:
@@ -73,6 +74,11 @@ class ModelBar(QWidget):
         """The library's models (label, folder), listed after the recent ones; the choice stays."""
         self._library = list(models)
         self.set_models(self._recent, self.chosen_model())
+
+    def _label(self, model: str) -> str:
+        """The library's name for ``model`` where it has one, a hub id as it is, else the folder's."""
+        named = {folder: label for label, folder in self._library}
+        return named.get(model) or (model_name(Path(model)) if Path(model).is_absolute() else model)
 
     def chosen_model(self) -> str:
         return str(self.models.currentData())
@@ -113,7 +119,7 @@ class ModelBar(QWidget):
         """Select ``model``; one not listed yet is listed first after the demo (never twice)."""
         index = self.models.findData(model)
         if index < 0:
-            self.models.insertItem(1, Path(model).name or model, model)
+            self.models.insertItem(1, self._label(model), model)
             index = 1
         self.models.setCurrentIndex(index)
         self._previous_index = index

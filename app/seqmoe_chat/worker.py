@@ -142,7 +142,7 @@ def link_changed(info: ModelInfo, options: EngineOptions) -> bool:
 def model_info(engine: Engine) -> ModelInfo:
     host = engine.loaded.host
     return ModelInfo(
-        name=engine.loaded.path.name,
+        name=engine.loaded.name,
         path=str(engine.loaded.path),
         device=str(engine.device),
         architecture=engine.loaded.architecture,

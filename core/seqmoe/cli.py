@@ -289,14 +289,14 @@ def run_bench_command(args: argparse.Namespace) -> int:
         title += (f"\nthe {engine.context_tokens}-token context cut replies short: "
                   + ", ".join(f"prompt {number} at {tokens} tokens" for number, tokens in result.cut))
     if not chat:
-        title += f"\n{engine.loaded.path.name} has no chat template: the prompts went to it as plain text"
+        title += f"\n{engine.loaded.name} has no chat template: the prompts went to it as plain text"
     title += ("\neach prompt starts with the cache as configure fills it: under seqmoe with the experts its "
               "predictor's routing frequencies rank first, under the oracle with those the run uses first, "
               "empty under lru and gate")
     if "seqmoe" in policies:
         title += f"\n{predictor_note(engine)}"
     report = {
-        "model": engine.loaded.path.name,
+        "model": engine.loaded.name,
         "link": link_note,
         "predictor": predictor_file(engine) if "seqmoe" in policies else None,
         "rows": [row.as_dict() for row in rows],
@@ -334,7 +334,7 @@ def predictor_note(engine: Engine) -> str:
     path = predictor_file(engine)
     if path is not None:
         return f"seqmoe forecasts with the predictor {path}"
-    return (f"seqmoe has no calibrated predictor for {engine.loaded.path.name} and loads the next layer's "
+    return (f"seqmoe has no calibrated predictor for {engine.loaded.name} and loads the next layer's "
             f"top-k from its router, as gate does; `seqmoe calibrate --model {engine.loaded.path}` trains one")
 
 
@@ -384,7 +384,7 @@ def traced_routers(model: str | None, identity: dict[str, object]) -> list[Route
     loaded = load_model(model or str(demo_model_dir()), device="cpu")
     traced = model_identity(loaded)
     if traced["name"] != identity.get("name") or not same_model(traced, identity):
-        raise SeqMoEError(f"the traces are of {identity.get('name')}, not of {loaded.path.name}: "
+        raise SeqMoEError(f"the traces are of {identity.get('name')}, not of {loaded.name}: "
                           "give the traced model with --model")
     return router_logits(loaded)
 

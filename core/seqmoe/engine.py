@@ -424,7 +424,7 @@ class Engine:
                 refusal = error  # the last: what still stops the conversation once the system prompt is folded
                 continue
             return list(ids)
-        raise SeqMoEError(f"the chat template of {self.loaded.path.name} rejected the conversation: {refusal}")
+        raise SeqMoEError(f"the chat template of {self.loaded.name} rejected the conversation: {refusal}")
 
     @property
     def context_at_model_limit(self) -> bool:

@@ -54,3 +54,17 @@ def json_object(file: Path) -> dict[str, Any]:
     except (OSError, ValueError, RecursionError):  # decoding errors are ValueErrors; deep nesting recurses too far
         return {}
     return value if isinstance(value, dict) else {}
+
+
+_CACHED_MODEL = "models--"
+"""How the Hugging Face cache names a model repository's folder: ``models--<owner>--<name>``, whose
+``snapshots/<commit>`` folders hold its revisions (repository ids never hold ``--``)."""
+
+
+def model_name(folder: Path) -> str:
+    """What people call the model in ``folder``: ``owner/name`` for a snapshot in the Hugging Face
+    cache (whose own name is a commit hash), else the folder's name."""
+    repository = folder.parent.parent.name
+    if folder.parent.name == "snapshots" and repository.startswith(_CACHED_MODEL):
+        return repository[len(_CACHED_MODEL):].replace("--", "/")
+    return folder.name or str(folder)

@@ -42,7 +42,7 @@ from transformers.utils import SAFE_WEIGHTS_NAME
 
 from .counts import is_count
 from .errors import ModelRefused, SeqMoEError
-from .hub_files import IN_A_FOLDER, INDEX_FILE, SMALL_PATTERNS, WEIGHT_PATTERN, indexed_weights, json_object
+from .hub_files import IN_A_FOLDER, INDEX_FILE, SMALL_PATTERNS, WEIGHT_PATTERN, indexed_weights, json_object, model_name
 from .layer_configs import largest_int
 from .non_finite import first_non_finite
 from .pinned import CudaHostRegistry, PinnedBuffers
@@ -74,6 +74,11 @@ class LoadedModel:
     top_k: int
 
     @property
+    def name(self) -> str:
+        """The model's name for people (``owner/name`` for one in the Hugging Face cache)."""
+        return model_name(self.path)
+
+    @property
     def architecture(self) -> str:
         return type(self.model).__name__
 
@@ -94,7 +99,7 @@ class LoadedModel:
         """Refuse chat input, in one line, for a model whose tokenizer has no chat template; ``remedy``
         says what the caller's user can do instead."""
         if not self.has_chat_template:
-            raise SeqMoEError(f"{self.path.name} has no chat template; {remedy}")
+            raise SeqMoEError(f"{self.name} has no chat template; {remedy}")
 
     @property
     def resident_bytes(self) -> int:

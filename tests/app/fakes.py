@@ -14,6 +14,7 @@ from typing import Any
 from seqmoe import ModelRefused, SeqMoEError
 from seqmoe.budget import CacheGeometry
 from seqmoe.events import EventBus
+from seqmoe.hub_files import model_name
 
 from seqmoe_chat.store import EngineOptions
 
@@ -97,6 +98,7 @@ class FakeEngine:
         self.loaded = SimpleNamespace(
             tokenizer=FakeTokenizer(),
             path=Path("/models") / name,
+            name=model_name(Path("/models") / name),
             architecture="FakeMoeForCausalLM",
             host=SimpleNamespace(num_layers=2, layout=SimpleNamespace(num_experts=12), bytes_per_copy=0.75 * 2**20),
             context_limit=32768,

@@ -475,6 +475,21 @@ def test_only_a_model_that_loaded_is_opened_at_the_next_start_and_listed(qtbot, 
     assert "broken" not in [bar.itemData(i) for i in range(bar.count())]
 
 
+def test_a_model_from_the_hugging_face_cache_goes_by_its_repository_not_its_commit(qtbot, make_window, backend) -> None:
+    snapshot = "/cache/models--acme--tiny-moe/snapshots/0123abcd"  # its folder's own name is the commit
+    window = make_window()
+    window.load_model(snapshot)
+    qtbot.waitUntil(lambda: model_shown(window) and window.client.model.path == snapshot, timeout=5000)
+    assert window.status.model.text() == "acme/tiny-moe"
+    send(qtbot, window, "Hello")
+    wait_idle(qtbot, window)
+    assert window.store.get(window.session.conversation_id).model_id == "acme/tiny-moe"
+    window.close()
+    restarted = make_window()  # listed among the recent models by the same name
+    bar = restarted.model_bar.models
+    assert bar.itemText(bar.findData(snapshot)) == "acme/tiny-moe"
+
+
 def test_a_model_refused_by_its_checks_leaves_the_model_before_loaded_and_chosen(qtbot, window, backend) -> None:
     window.load_model("/models/other-moe")
     qtbot.waitUntil(lambda: model_shown(window) and window.client.model.path == "/models/other-moe", timeout=5000)

@@ -77,3 +77,15 @@ def test_chat_text_for_a_model_without_a_chat_template_is_refused_in_one_line(
     assert status == 2 and capsys.readouterr().err == (
         "seqmoe: error: plain has no chat template; drop --chat to send the text as plain text\n")
     assert not out.exists()
+
+
+def test_a_model_in_the_hugging_face_cache_is_named_by_its_repository(
+    mixtral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # How `--model owner/name` finds it once downloaded: the folder's own name is the commit.
+    snapshot = tmp_path / "hub" / "models--acme--tiny-moe" / "snapshots" / "0123abcd"
+    snapshot.parent.mkdir(parents=True)
+    model = without_chat_template(mixtral_dir, snapshot)
+    status = main(["generate", "--prompt", "hi", "--model", str(model), "--device", "cpu", "--chat"])
+    assert status == 2 and capsys.readouterr().err == (
+        "seqmoe: error: acme/tiny-moe has no chat template; drop --chat to send the text as plain text\n")

@@ -66,7 +66,7 @@ def run_eval(engine: Engine, args: argparse.Namespace) -> int:
     identity = model_identity(loaded)
     path = args.predictor or find_predictor(loaded)
     if path is None:
-        raise SeqMoEError(f"no predictor for {loaded.path.name} yet: run `seqmoe calibrate --model {loaded.path}`")
+        raise SeqMoEError(f"no predictor for {loaded.name} yet: run `seqmoe calibrate --model {loaded.path}`")
     predictor = load_predictor(path, identity, device=loaded.device)
     horizon = args.horizon or predictor.config.horizon
     if not 1 <= horizon <= predictor.config.horizon:
@@ -165,6 +165,6 @@ def run_calibrate(engine: Engine, args: argparse.Namespace) -> int:
     print(f"calibrated in {report['seconds']:.0f} s of training: validation loss {report['validation_loss']:.4f}; "
           f"predictor saved to {path}", file=sys.stderr)
     if not engine.loaded.has_chat_template:  # calibrate replies to each user turn through the template
-        print(f"{engine.loaded.path.name} has no chat template: the calibration text went to it as plain text, "
+        print(f"{engine.loaded.name} has no chat template: the calibration text went to it as plain text, "
               "each conversation once", file=sys.stderr)
     return 0
