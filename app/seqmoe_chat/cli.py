@@ -15,8 +15,8 @@ from .app_metadata import app_version
 from .paths import data_dir
 from .store import DATABASE_NAME, ConversationStore, DatabaseUnavailable, open_database
 from .transcripts.export import FORMAT_NAMES, write_export
-from .transcripts.json_format import TranscriptError, import_json
-from .transcripts.transcript import load_transcripts
+from .transcripts.json_format import TranscriptError, read_json
+from .transcripts.transcript import load_transcripts, store_transcripts
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,11 +98,11 @@ def _export(store: ConversationStore, args: argparse.Namespace) -> int:
 
 def _import(store: ConversationStore, file: Path) -> int:
     try:
-        ids = import_json(store, file.read_text(encoding="utf-8"))
+        ids = store_transcripts(store, read_json(file))
     except OSError as error:
         print(f"seqmoe-chat: cannot read {file}: {error.strerror or error}", file=sys.stderr)
         return 1
-    except (TranscriptError, UnicodeDecodeError) as error:
+    except TranscriptError as error:
         print(f"seqmoe-chat: {file} cannot be imported: {error}", file=sys.stderr)
         return 2
     except sqlite3.Error as error:

@@ -24,16 +24,24 @@ class ExportTask(QObject):
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self._thread: threading.Thread | None = None
+        self._running = False
+        # Connected first, so that the window's own slots already find the export done.
+        self.sig_finished.connect(self._done)
+        self.sig_failed.connect(self._done)
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        """From ``start`` until its end has arrived on this object's thread; the thread itself lives a
+        moment longer, and an export asked for in that moment was turned away."""
+        return self._running
 
     def start(self, path: Path, transcripts: list[Transcript], fmt: str) -> None:
+        self._running = True
         # Not a daemon: the app waits for a file half written before it quits.
-        self._thread = threading.Thread(target=self._write, args=(path, transcripts, fmt), name="export")
-        self._thread.start()
+        threading.Thread(target=self._write, args=(path, transcripts, fmt), name="export").start()
+
+    def _done(self, *_: object) -> None:
+        self._running = False
 
     def _write(self, path: Path, transcripts: list[Transcript], fmt: str) -> None:
         try:

@@ -67,6 +67,30 @@ def test_a_transcript_saved_with_a_byte_order_mark_imports(store: ConversationSt
     out.write_bytes(b"\xef\xbb\xbf" + out.read_bytes())
     assert main(["import", str(out)]) == 0 and "imported 2 conversation(s)" in capsys.readouterr().err
 
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"])
+def test_a_transcript_in_utf16_or_utf32_with_a_byte_order_mark_imports(
+        store: ConversationStore, tmp_path: Path, capsys, encoding: str) -> None:
+    # Windows' Notepad saves "Unicode" as UTF-16 with a mark: it ended in the codec's own error.
+    out = tmp_path / "all.json"
+    assert main(["export", "--all", "--format", "json", "--out", str(out)]) == 0
+    out.write_bytes(("\ufeff" + out.read_text(encoding="utf-8")).encode(encoding))
+    assert main(["import", str(out)]) == 0 and "imported 2 conversation(s)" in capsys.readouterr().err
+    assert sorted(s.title for s in store.summaries()) == ["Birds", "Birds", "Trees", "Trees"]
+
+
+@pytest.mark.parametrize(("content", "encoding"), [
+    ('{"format": "seqmoe-chat-transcript", "title": "Café"}'.encode("latin-1"), "UTF-8"),
+    ("\ufeff\ud800{}".encode("utf-16-le", "surrogatepass"), "UTF-16"),
+], ids=["latin-1", "broken utf-16"])
+def test_a_file_in_another_encoding_is_said_to_be_no_text_file(
+        store: ConversationStore, tmp_path: Path, capsys, content: bytes, encoding: str) -> None:
+    (tmp_path / "bad.json").write_bytes(content)
+    assert main(["import", str(tmp_path / "bad.json")]) == 2
+    assert capsys.readouterr().err == (f"seqmoe-chat: {tmp_path / 'bad.json'} cannot be imported: "
+                                       f"not a {encoding} text file, so not a SeqMoE Chat transcript\n")
+
+
 def test_an_import_the_disk_refuses_half_way_imports_nothing(
     store: ConversationStore, tmp_path: Path, capsys, monkeypatch
 ) -> None:

@@ -23,7 +23,9 @@ from seqmoe_chat.settings_dialog import SettingsDialog
 from seqmoe_chat.store import SamplingSettings
 from seqmoe_chat.store.records import ASSISTANT, DONE, USER
 from seqmoe_chat.store.settings import SETTINGS_NAME
-from seqmoe_chat.transcripts import export
+from seqmoe_chat.transcripts import export, json_format
+from seqmoe_chat.transcripts.json_format import from_json, to_json
+from seqmoe_chat.transcripts.transcript import load_transcripts
 
 from .test_chat import press, send, stored, wait_idle
 
@@ -242,6 +244,7 @@ def test_every_export_format_from_the_context_menu_and_json_import(qtbot, window
     assert (tmp_path / "out.md").read_text(encoding="utf-8").startswith("# Round trip")
     monkeypatch.setattr(dialogs, "ask_import_path", lambda parent: tmp_path / "out.json")
     window.action_import.trigger()
+    qtbot.waitUntil(lambda: window.status.currentMessage() == "Imported 1 conversation(s) from out.json")
     imported = window.session.conversation_id
     assert imported != conversation_id and titles(window).count("Round trip") == 2
     assert [(r, c) for r, c, _ in stored(window)] == [
@@ -255,7 +258,7 @@ def test_a_broken_import_file_is_reported(qtbot, window, tmp_path: Path, monkeyp
     (tmp_path / "bad.json").write_text('{"format": "something else"}', encoding="utf-8")
     monkeypatch.setattr(dialogs, "ask_import_path", lambda parent: tmp_path / "bad.json")
     window.action_import.trigger()
-    box = window.findChild(QMessageBox, "errorMessage")
+    box = error_box(qtbot, window)
     assert box is not None and "not a SeqMoE Chat transcript" in box.text()
 
 
@@ -267,9 +270,122 @@ def test_an_import_with_a_value_the_app_cannot_store_is_reported_and_adds_nothin
         {"title": "Broken", "messages": [message], "created_at": "2025-01-01", "updated_at": "2025-01-01"}]}), encoding="utf-8")
     monkeypatch.setattr(dialogs, "ask_import_path", lambda parent: tmp_path / "bad.json")
     window.action_import.trigger()
-    box = window.findChild(QMessageBox, "errorMessage")
+    box = error_box(qtbot, window)
     assert box is not None and 'message 1: "content" holds a character that is not valid Unicode' in box.text()
     assert titles(window) == ["Keep this one"]
+
+
+def exported_to(window, path: Path, encoding: str = "utf-8") -> Path:
+    """``path`` holding the JSON transcript of every stored conversation."""
+    path.write_text(to_json(load_transcripts(window.store, window.store_ids())), encoding=encoding)
+    return path
+
+
+def error_box(qtbot, window) -> QMessageBox:
+    qtbot.waitUntil(lambda: window.findChild(QMessageBox, "errorMessage") is not None)
+    return window.findChild(QMessageBox, "errorMessage")
+
+
+def test_an_import_is_read_while_the_window_goes_on_and_stored_when_it_arrives(
+        qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    first = chat(qtbot, window, "Import me")
+    file = exported_to(window, tmp_path / "chats.json")
+    reading = threading.Event()
+    read_on = []
+
+    def slow_from_json(text: str):
+        read_on.append(threading.current_thread())
+        reading.wait(5)
+        return from_json(text)
+
+    monkeypatch.setattr(json_format, "from_json", slow_from_json)
+    monkeypatch.setattr(dialogs, "ask_import_path", lambda parent: file)
+    window.action_import.trigger()
+    assert window.status.currentMessage() == "Importing conversations from chats.json…"  # returned while it is read
+    window.action_import.trigger()
+    assert "still being read" in window.status.currentMessage()
+    reading.set()
+    qtbot.waitUntil(lambda: window.status.currentMessage() == "Imported 1 conversation(s) from chats.json")
+    assert len(read_on) == 1 and read_on[0] is not threading.main_thread()
+    assert titles(window) == ["Import me", "Import me"] and len(window.store_ids()) == 2
+    assert window.session.conversation_id not in (None, first) and [c for _, c, _ in stored(window)][0] == "Import me"
+
+
+def test_a_transcript_saved_as_utf16_with_a_byte_order_mark_imports(qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    chat(qtbot, window, "Café talk")
+    file = exported_to(window, tmp_path / "notepad.json", "utf-16")  # as Windows' Notepad saves "Unicode"
+    monkeypatch.setattr(dialogs, "ask_import_path", lambda parent: file)
+    window.action_import.trigger()
+    qtbot.waitUntil(lambda: window.status.currentMessage() == "Imported 1 conversation(s) from notepad.json")
+    assert titles(window) == ["Café talk", "Café talk"]
+
+
+def test_a_file_in_another_encoding_is_said_to_be_no_utf8_text(qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    chat(qtbot, window, "Keep this one")
+    file = exported_to(window, tmp_path / "latin1.json", "latin-1")
+    file.write_bytes(file.read_bytes().replace(b"Keep this one", "Café".encode("latin-1")))  # é: no UTF-8
+    monkeypatch.setattr(dialogs, "ask_import_path", lambda parent: file)
+    window.action_import.trigger()
+    box = error_box(qtbot, window)
+    # Not the codec's "'utf-8' codec can't decode byte 0xe9 in position 160: invalid continuation byte".
+    assert box.text() == "latin1.json could not be imported: not a UTF-8 text file, so not a SeqMoE Chat transcript"
+    assert titles(window) == ["Keep this one"]
+
+
+def test_a_file_that_is_no_json_is_said_with_its_name_and_changes_no_chat(
+        qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    kept = chat(qtbot, window, "Keep this one")
+    (tmp_path / "notes.json").write_text('{"format": "seqmoe-chat-transcript", ', encoding="utf-8")
+    monkeypatch.setattr(dialogs, "ask_import_path", lambda parent: tmp_path / "notes.json")
+    window.action_import.trigger()
+    assert window.status.currentMessage() == "Importing conversations from notes.json…"
+    box = error_box(qtbot, window)
+    assert box.windowTitle() == "Import failed" and box.text().startswith("notes.json could not be imported: not JSON")
+    assert window.status.currentMessage() == "" and titles(window) == ["Keep this one"]
+    assert window.store_ids() == [kept] == [window.session.conversation_id]
+
+
+def test_an_import_the_database_refuses_is_said_and_the_list_shows_what_is_stored(
+        qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    kept = chat(qtbot, window, "Keep this one")
+    file = exported_to(window, tmp_path / "chats.json")
+
+    def full(*args: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(window.store, "insert_transcripts", full)
+    monkeypatch.setattr(dialogs, "ask_import_path", lambda parent: file)
+    window.action_import.trigger()
+    assert window.status.currentMessage() == "Importing conversations from chats.json…"
+    box = error_box(qtbot, window)
+    assert box.windowTitle() == "Importing conversations failed" and "disk is full" in box.text()
+    assert window.status.currentMessage() == "" and titles(window) == ["Keep this one"] and window.store_ids() == [kept]
+
+
+def test_a_file_still_being_read_when_the_window_closes_is_not_imported(
+        qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    kept = chat(qtbot, window, "Keep this one")
+    file = exported_to(window, tmp_path / "chats.json")
+    started, reading, read = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_from_json(text: str):
+        started.set()
+        reading.wait(5)
+        try:
+            return from_json(text)
+        finally:
+            read.set()
+
+    monkeypatch.setattr(json_format, "from_json", slow_from_json)
+    monkeypatch.setattr(dialogs, "ask_import_path", lambda parent: file)
+    window.action_import.trigger()
+    assert window.status.currentMessage() == "Importing conversations from chats.json…"
+    assert started.wait(5)
+    window.close()
+    reading.set()
+    assert read.wait(5)
+    qtbot.wait(200)  # time for the result to arrive
+    assert window.store_ids() == [kept] and window.findChild(QMessageBox, "errorMessage") is None
 
 
 def test_an_export_whose_renderer_fails_is_reported_and_writes_nothing(qtbot, window, tmp_path: Path, monkeypatch) -> None:
@@ -308,6 +424,28 @@ def test_an_export_is_written_while_the_window_goes_on(qtbot, window, tmp_path: 
     with qtbot.waitSignal(window.export_task.sig_finished):
         drawing.set()
     assert drawn_on and drawn_on[0] != gui_thread and "Exported 1 conversation" in window.status.currentMessage()
+
+
+def test_an_export_asked_for_right_after_the_last_one_ended_is_written(qtbot, window, tmp_path: Path, monkeypatch) -> None:
+    # Its thread outlives its signal for a moment: an export asked for then was turned away as
+    # "still being written" (it made a test of every format fail one run in thirty).
+    chat(qtbot, window, "Export me")
+    release = threading.Event()
+
+    class LingeringThread(threading.Thread):
+        def run(self) -> None:
+            super().run()
+            release.wait(5)
+
+    monkeypatch.setattr(export_task.threading, "Thread", LingeringThread)
+    monkeypatch.setattr(dialogs, "ask_export_path", lambda parent, name, fmt: (tmp_path / "chat.md", "md"))
+    try:
+        for written in (1, 2):
+            with qtbot.waitSignal(window.export_task.sig_finished):
+                window.export_current()
+            assert "Exported 1 conversation" in window.status.currentMessage(), written
+    finally:
+        release.set()
 
 
 def test_a_cache_change_the_engine_refuses_is_said_and_not_kept(qtbot, window, monkeypatch) -> None:

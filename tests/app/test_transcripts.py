@@ -13,8 +13,8 @@ from seqmoe_chat.store import ConversationStore, SamplingSettings, open_database
 from seqmoe_chat.store.records import ASSISTANT, DONE, STOPPED, USER
 from seqmoe_chat.transcripts.export import export_target, format_for, render, write_export
 from seqmoe_chat.transcripts.fences import code_blocks, split_fences
-from seqmoe_chat.transcripts.json_format import TranscriptError, from_json, import_json, to_json
-from seqmoe_chat.transcripts.transcript import load_transcripts
+from seqmoe_chat.transcripts.json_format import TranscriptError, from_json, to_json
+from seqmoe_chat.transcripts.transcript import load_transcripts, store_transcripts
 
 REPLY = "Here is code:\n\n```python\ndef add(a, b):\n    return a + b\n```\n\nUse **it** with `add(1, 2)` <ok>."
 STATS = {"tokens": 42, "tokens_per_s": 31.25, "time_to_first_token": 0.21, "hit_rate": 0.969, "stall_seconds": 0.03}
@@ -98,7 +98,7 @@ def test_plain_text_has_speakers_and_no_markup_added(store: ConversationStore, c
 def test_json_round_trip_recreates_the_conversation_exactly(store: ConversationStore, conversation_id: int) -> None:
     exported = json.loads(render(load_transcripts(store, [conversation_id]), "json"))
     assert exported["version"] == 1 and len(exported["conversations"][0]["messages"]) == 4
-    (new_id,) = import_json(store, json.dumps(exported))
+    (new_id,) = store_transcripts(store, from_json(json.dumps(exported)))
     assert new_id != conversation_id
     again = json.loads(to_json(load_transcripts(store, [new_id])))
     exported.pop("exported_at"), again.pop("exported_at")
@@ -162,7 +162,7 @@ MALFORMED = {
 def test_a_malformed_transcript_is_refused_with_a_one_line_reason_and_nothing_imported(
         store: ConversationStore, text: str, reason: str) -> None:
     with pytest.raises(TranscriptError, match=reason) as refused:
-        import_json(store, text)
+        store_transcripts(store, from_json(text))
     assert "\n" not in str(refused.value)
     assert store.summaries() == []
 
@@ -170,7 +170,7 @@ def test_a_malformed_transcript_is_refused_with_a_one_line_reason_and_nothing_im
 def test_missing_optional_fields_take_their_defaults(store: ConversationStore) -> None:
     document = json.loads(transcript_text())
     del document["conversations"][1]["sampling"]
-    (_, new_id) = import_json(store, json.dumps(document))
+    (_, new_id) = store_transcripts(store, from_json(json.dumps(document)))
     assert store.get(new_id).sampling == SamplingSettings()
     assert [(m.state, m.error, m.stats, m.updated_at) for m in store.messages(new_id)] == [
         ("done", "", {}, "2025-01-01T00:00:00+00:00")
@@ -186,13 +186,13 @@ def test_a_file_that_names_no_current_message_shows_its_newest_line(store: Conve
         {"id": 2, "parent": 1, "role": "assistant", "content": "first reply", "created_at": "2025-01-01T00:00:00+00:00"},
         {"id": 3, "parent": 1, "role": "assistant", "content": "second reply", "created_at": "2025-01-01T00:00:00+00:00"},
     ]
-    (_, new_id) = import_json(store, json.dumps(document))
+    (_, new_id) = store_transcripts(store, from_json(json.dumps(document)))
     assert [entry.message.content for entry in store.thread(new_id)] == ["hi", "second reply"]
 
 def test_a_reply_exported_while_it_streamed_is_imported_as_interrupted(store: ConversationStore) -> None:
     document = json.loads(transcript_text())
     document["conversations"][1]["messages"][0]["state"] = "streaming"
-    (_, new_id) = import_json(store, json.dumps(document))
+    (_, new_id) = store_transcripts(store, from_json(json.dumps(document)))
     assert [m.state for m in store.messages(new_id)] == ["interrupted"]
 
 

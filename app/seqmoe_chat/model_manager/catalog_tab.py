@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QHeaderView, QLabel, QPushButton, QTableWidgetItem
 from ..models.catalog import CatalogEntry, load_catalog
 from ..models.fit import DeviceMemory, Fit, fit, probe_device
 from ..models.units import parameters_text, size_text
-from .background import run_in_background
+from ..background import run_in_background
 from .hub_panel import HubPanel
 from .tables import read_only_table
 

@@ -10,7 +10,7 @@ from ..models.fit import DeviceMemory, fit
 from ..models.hub_check import HubModel, check_repo, parse_reference, save_token
 from ..models.hub_errors import GATED, HubRefusal
 from ..models.units import parameters_text, size_text
-from .background import run_in_background
+from ..background import run_in_background
 
 
 class HubPanel(QWidget):

@@ -12,7 +12,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from ..models.calibration_job import CalibrationRunner, CalibrationStatus
 from ..models.download_runner import DownloadRunner
 from ..models.library import HUB_CACHE, Library, LibraryError, LibraryItem, LibraryModel
-from .background import run_in_background
+from ..background import run_in_background
 
 POLL_MS = 200
 

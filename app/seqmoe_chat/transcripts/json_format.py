@@ -1,4 +1,4 @@
-"""The lossless JSON transcript: export, validation and import.
+"""The lossless JSON transcript: writing it, and reading a file of it back with validation.
 
 Version 1 holds, per conversation, the title, system prompt, sampling settings, model
 id, timestamps and every message (earlier versions included) with its role, state,
@@ -17,10 +17,12 @@ updated_at from its created_at): a missing field holds nothing its writer meant.
 
 from __future__ import annotations
 
+import codecs
 import json
+from pathlib import Path
 from typing import Any
 
-from ..store import Conversation, ConversationStore, Message, SamplingSettings
+from ..store import Conversation, Message, SamplingSettings
 from ..store.records import (
     DONE,
     INTERRUPTED,
@@ -40,7 +42,12 @@ from .transcript import Transcript
 
 FORMAT = "seqmoe-chat-transcript"
 VERSION = 1
-__all__ = ["FORMAT", "VERSION", "TranscriptError", "from_json", "import_json", "to_json"]
+__all__ = ["FORMAT", "VERSION", "TranscriptError", "from_json", "read_json", "to_json"]
+
+# JSON files are UTF-8, but Windows' Notepad saves "Unicode" as UTF-16 with a byte order mark, and a
+# mark names its encoding. UTF-32's little-endian mark starts with UTF-16's, so it is tried first.
+_MARKED_ENCODINGS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+                     (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 
 
 def to_json(transcripts: list[Transcript]) -> str:
@@ -176,6 +183,16 @@ def _stats(stats: Fields) -> dict[str, Any]:
     return stats.values
 
 
-def import_json(store: ConversationStore, text: str) -> list[int]:
-    """Recreate every conversation of a JSON transcript; returns their new ids."""
-    return store.insert_transcripts((t.conversation, t.messages) for t in from_json(text))
+def read_json(path: Path) -> list[Transcript]:
+    """The transcripts of a JSON transcript file, with file-local ids; OSError when it cannot be
+    read, TranscriptError when it holds no transcript."""
+    return from_json(_decoded(path.read_bytes()))
+
+
+def _decoded(data: bytes) -> str:
+    encoding = next((name for mark, name in _MARKED_ENCODINGS if data.startswith(mark)), "utf-8")
+    try:
+        return data.decode(encoding)  # UTF-16's and UTF-32's codecs drop the mark; from_json drops UTF-8's
+    except UnicodeDecodeError:
+        # The codec's own words ("can't decode byte 0xe9 in position 41") tell people nothing.
+        raise TranscriptError(f"not a {encoding.upper()} text file, so not a SeqMoE Chat transcript") from None

@@ -24,6 +24,11 @@ def load_transcripts(store: ConversationStore, conversation_ids: Iterable[int]) 
     return [Transcript(store.get(cid), store.messages(cid)) for cid in conversation_ids]
 
 
+def store_transcripts(store: ConversationStore, transcripts: Iterable[Transcript]) -> list[int]:
+    """Recreate the transcripts' conversations, all or none; returns their new ids."""
+    return store.insert_transcripts((t.conversation, t.messages) for t in transcripts)
+
+
 def speaker(message: Message) -> str:
     return "You" if message.role == USER else "Assistant"
 

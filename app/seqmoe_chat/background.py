@@ -52,4 +52,4 @@ def run_in_background(
         else:
             relay.answer(True, result)
 
-    threading.Thread(target=work, daemon=True, name="model-manager").start()
+    threading.Thread(target=work, daemon=True, name="background").start()
