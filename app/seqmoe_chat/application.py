@@ -90,6 +90,7 @@ def garbage_collected_on_this_thread() -> Iterator[None]:
         # for the lock the disconnection held (a hang at exit). So the garbage goes first, then
         # the timer, and only then does collection come back on.
         collector.timer.stop()
+        gc.unfreeze()  # what ``long_lived`` froze is garbage too, once the app is done with it
         gc.collect()
         del collector
         if was_enabled:

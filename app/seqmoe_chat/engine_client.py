@@ -9,6 +9,7 @@ import itertools
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from . import long_lived
 from .store import EngineOptions, SamplingSettings
 from .worker import EngineOpener, EngineWorker, Messages, ModelInfo, open_engine
 
@@ -101,6 +102,7 @@ class EngineClient(QObject):
     def _on_loaded(self, request_id: int, info: ModelInfo) -> None:
         if request_id == self.loading_id:
             self.loading_id, self.model = None, info
+        long_lived.settle()
 
     @Slot(int)
     def _on_load_ended(self, request_id: int) -> None:
@@ -124,3 +126,4 @@ class EngineClient(QObject):
     @Slot()
     def _on_unloaded(self) -> None:
         self.model = None
+        long_lived.settle()

@@ -3,8 +3,9 @@ database, and (in the widget tests) a fake engine or a tiny real model."""
 
 from __future__ import annotations
 
+import gc
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # As seqmoe_chat.main does, before anything loads PyTorch (it matters when tests/app runs alone).
@@ -25,6 +26,14 @@ def garbage_collected_on_the_gui_thread(qapp):
 
     with garbage_collected_on_this_thread():
         yield
+
+
+@pytest.fixture(autouse=True)
+def nothing_frozen() -> Iterator[None]:
+    """What a test's model change froze (``long_lived``) is garbage to the next test: unfrozen,
+    so that collections find it."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(autouse=True)
