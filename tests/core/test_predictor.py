@@ -179,6 +179,22 @@ def test_a_predictor_write_cut_short_leaves_the_earlier_one(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json", "p.safetensors"]
 
 
+def test_a_report_number_that_is_not_finite_is_saved_as_null(traced: tuple[Path, Path], tmp_path: Path) -> None:
+    # A reuse loss over held-out documents without decode tokens is NaN; json wrote a bare NaN, no JSON.
+    predictor = train_predictor(read_traces(traced[1]), TrainingOptions(epochs=1, width=16, horizon=2), progress=False)
+    predictor.config.report.update(reuse_validation_loss=math.nan, reuse_rate_rule_loss=math.inf)
+    path = tmp_path / "p.safetensors"
+    save_predictor(predictor, path)
+
+    def strict(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    report = json.loads(path.with_suffix(".json").read_text(), parse_constant=strict)["report"]
+    assert report["reuse_validation_loss"] is None and report["reuse_rate_rule_loss"] is None
+    assert report["validation_loss"] == predictor.config.report["validation_loss"]
+    assert load_predictor(path).config.report["reuse_validation_loss"] is None
+
+
 @pytest.mark.parametrize("steps", [2, 4, 10])
 def test_training_runs_however_few_steps_the_text_gives(traced: tuple[Path, Path], steps: int) -> None:
     traces = read_traces(traced[1])

@@ -4,6 +4,7 @@ that fails midway (a full disk) ends in one line."""
 from __future__ import annotations
 
 import errno
+import shutil
 import sys
 import types
 from pathlib import Path
@@ -16,7 +17,7 @@ import seqmoe.predictor.model
 import seqmoe.trace
 from seqmoe import SeqMoEError
 from seqmoe.cli import main
-from seqmoe.predictor import save_predictor
+from seqmoe.predictor import load_predictor, save_predictor
 
 from .conftest import CHAT_TEXT
 
@@ -70,6 +71,55 @@ def test_a_predictor_file_that_is_its_own_config_is_refused_before_training(
     assert not out.exists()
 
 
+@pytest.mark.parametrize(("out", "files", "refusal"), [
+    # A name that is no predictor's: refused for the name, whatever is there.
+    ("p2.txt", {"p2.txt": b"my notes", "p2.json": b'{"mine": 1}'}, "a predictor is a .safetensors file"),
+    ("keep.md", {"keep.md": b"# keep"}, "a predictor is a .safetensors file"),
+    ("notes", {"notes": b"my notes"}, "a predictor is a .safetensors file"),
+    # The right name, over files that are not a predictor's: the one in the way is named.
+    ("settings.safetensors", {"settings.json": b'{"theme": "dark"}'}, "{dir}/settings.json exists and is not a predictor"),
+    ("weights.safetensors", {"weights.safetensors": b"someone's weights"},
+     "{dir}/weights.safetensors exists and is not a predictor"),
+])
+def test_training_never_replaces_a_file_that_is_not_a_predictor(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    out: str, files: dict[str, bytes], refusal: str,
+) -> None:
+    # It used to train, then write safetensors bytes over the file and a config over its .json.
+    monkeypatch.setattr(seqmoe.predictor.commands, "read_traces", never)  # refused before the traces are read
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    status = main(["train-predictor", "--traces", str(traced[1]), "--out", str(tmp_path / out)])
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.splitlines()) == 1
+    assert err.startswith(f"seqmoe: error: --out {tmp_path / out}: {refusal.format(dir=tmp_path)}"), err
+    assert {file.name: file.read_bytes() for file in tmp_path.iterdir()} == files
+
+
+@pytest.mark.parametrize("out", ["config.safetensors", "model.safetensors"])
+def test_training_never_replaces_a_models_files(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, out: str
+) -> None:
+    # --out model/config.safetensors used to replace the model's config.json with a predictor's.
+    monkeypatch.setattr(seqmoe.predictor.commands, "read_traces", never)
+    model = shutil.copytree(traced[0], tmp_path / "model")
+    before = {file.name: file.read_bytes() for file in model.iterdir()}
+    in_the_way = model / out if out == "model.safetensors" else model / "config.json"
+    status = main(["train-predictor", "--traces", str(traced[1]), "--out", str(model / out)])
+    assert status == 2 and last_error(capsys) == (f"seqmoe: error: --out {model / out}: {in_the_way} exists and is not a "
+                                                  "predictor; give another name, or move the file away")
+    assert {file.name: file.read_bytes() for file in model.iterdir()} == before
+
+
+def test_training_over_a_predictor_replaces_it(traced: tuple[Path, Path], tmp_path: Path) -> None:
+    out = tmp_path / "p.safetensors"
+    train = ["train-predictor", "--traces", str(traced[1]), "--out", str(out), "--epochs", "1", "--horizon", "2"]
+    assert main([*train, "--width", "16"]) == 0
+    assert main([*train, "--width", "24"]) == 0
+    assert load_predictor(out).config.width == 24
+    assert sorted(file.name for file in tmp_path.iterdir()) == ["p.json", "p.safetensors"]
+
+
 def test_a_file_above_the_output_is_named(traced: tuple[Path, Path], a_file: Path, capsys: pytest.CaptureFixture[str],
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(seqmoe.predictor.commands, "train_predictor", never)
@@ -105,7 +155,20 @@ def test_a_folder_given_for_a_predictor_file_is_refused(
     assert main(["train-predictor", "--traces", str(traced[1]), "--out", "."]) == 2
     assert last_error(capsys) == "seqmoe: error: --out . is a folder; give a file name"
     assert main(["simulate", "--traces", str(traced[1]), "--policies", "seqmoe", "--predictor", "/"]) == 2
-    assert last_error(capsys) == "seqmoe: error: no predictor at / (no such file)"
+    assert last_error(capsys) == ("seqmoe: error: / is a folder; a predictor is a .safetensors file with its .json "
+                                  "config beside it")
+
+
+def test_a_predictors_config_given_for_the_predictor_names_its_weights(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It used to end in safetensors' "Error while deserializing header: header too large".
+    main(["train-predictor", "--traces", str(traced[1]), "--out", str(tmp_path / "x.safetensors"), "--epochs", "1",
+          "--width", "16", "--horizon", "2"])
+    capsys.readouterr()
+    status = main(["simulate", "--traces", str(traced[1]), "--policies", "seqmoe", "--predictor", str(tmp_path / "x.json")])
+    assert status == 2 and last_error(capsys) == (f"seqmoe: error: {tmp_path / 'x.json'} is where a predictor's config "
+                                                  f"goes; give its weights, {tmp_path / 'x.safetensors'}")
 
 
 def test_a_full_disk_while_tracing_ends_in_one_line(mixtral_dir: Path, a_file: Path, tmp_path: Path,

@@ -22,10 +22,10 @@ from ..trace import (
     read_traces,
     write_traces,
 )
-from ..user_files import check_output, read_text
+from ..user_files import read_text
 from .calibration import calibrate, collect_traces, find_predictor
 from .evaluation import evaluate, frequency_scorer, gate_scorer, predictor_scorer, previous_token_scorer
-from .model import load_predictor, parameter_limit, save_predictor
+from .model import check_predictor_output, load_predictor, parameter_limit, save_predictor
 from .reuse import evaluate_reuse, reuse_samples
 from .samples import positions_of
 from .training import TrainingOptions, train_predictor
@@ -44,10 +44,7 @@ def run_trace(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    check_output(args.out, "--out")  # first: a folder (".") has no name to give a suffix
-    if args.out.with_suffix(".json") == args.out:
-        raise SeqMoEError(f"--out {args.out} is where the predictor's config goes, beside its weights; "
-                          f"give the weights file, such as {args.out.with_suffix('.safetensors')}")
+    check_predictor_output(args.out, "--out")  # before the traces are read and minutes of training
     traces = read_traces(args.traces)
     options = TrainingOptions(horizon=args.horizon, epochs=args.epochs, width=args.width)
     try:

@@ -31,7 +31,7 @@ from torch.nn import functional as F
 from ..counts import is_count
 from ..errors import SeqMoEError
 from ..threads import one_cpu_thread
-from ..user_files import replacing, writing
+from ..user_files import check_output, replacing, writing
 from .reuse import ReuseHead
 
 
@@ -185,22 +185,62 @@ class _LayerTables:
         return cls(list(entry), list(experts), list(queries), list(out_bias), p.head.weight.t().contiguous())
 
 
+def check_predictor_output(path: Path, flag: str) -> None:
+    """Refuse ``path`` (given with ``flag``) for a predictor to be trained, before the training:
+    ``save_predictor`` writes it and its ``.json`` beside it, and either may only replace a
+    predictor (its ``.json`` is a predictor config), never a file of the user's (a model's
+    config.json, notes, another program's settings)."""
+    check_output(path, flag)  # first: a folder (".") has no name to give a suffix
+    config_file = path.with_suffix(".json")
+    if config_file == path:
+        raise SeqMoEError(f"{flag} {path} is where the predictor's config goes, beside its weights; "
+                          f"give the weights file, such as {path.with_suffix('.safetensors')}")
+    if path.suffix.lower() != ".safetensors":
+        raise SeqMoEError(f"{flag} {path}: a predictor is a .safetensors file (its .json config goes beside it); "
+                          f"give a name such as {path.with_suffix('.safetensors')}")
+    if _is_predictor_config(config_file):
+        return  # retraining over one's own predictor
+    for file in (path, config_file):
+        if file.exists() or file.is_symlink():
+            raise SeqMoEError(f"{flag} {path}: {file} exists and is not a predictor; give another name, "
+                              "or move the file away")
+
+
+def _is_predictor_config(file: Path) -> bool:
+    try:
+        PredictorConfig(**json.loads(file.read_text(encoding="utf-8")))
+    except (OSError, TypeError, ValueError):  # none there, a folder, not JSON, not a predictor's
+        return False
+    return True
+
+
 def save_predictor(predictor: ExpertPredictor, path: Path) -> None:
     """``path`` (safetensors weights) and ``path`` with suffix ``.json`` (its config). Both are
     written beside their place first and then moved there, so a write cut short (a full disk, a
     cancelled calibration) leaves the earlier predictor, or none, never half of one."""
+    config = asdict(predictor.config)
+    # A loss over no samples is NaN (``reuse._mean_loss``): null, since bare NaN is no JSON.
+    config["report"] = {key: _finite_or_none(value) for key, value in config["report"].items()}
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        with replacing(path) as weights, replacing(path.with_suffix(".json")) as config:
+        with replacing(path) as weights, replacing(path.with_suffix(".json")) as config_file:
             save_file({k: v.contiguous() for k, v in predictor.state_dict().items()}, str(weights))
-            config.write_text(json.dumps(asdict(predictor.config), indent=1))
+            config_file.write_text(json.dumps(config, indent=1))
+
+
+def _finite_or_none(value: object) -> object:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def load_predictor(path: Path, identity: dict[str, object] | None = None, device: str | torch.device = "cpu") -> ExpertPredictor:
     """Load a predictor; refuse it if ``identity`` is given and it was trained for another model."""
-    if not path.is_file():  # a folder, or no file at all (whose name may be empty: "/")
-        raise SeqMoEError(f"no predictor at {path} (no such file)")
+    if path.is_dir():  # before naming its .json: "/" has no name to give a suffix
+        raise SeqMoEError(f"{path} is a folder; a predictor is a .safetensors file with its .json config beside it")
     config_file = path.with_suffix(".json")
+    if config_file == path:
+        raise SeqMoEError(f"{path} is where a predictor's config goes; give its weights, {path.with_suffix('.safetensors')}")
+    if not path.is_file():
+        raise SeqMoEError(f"no predictor at {path} (no such file)")
     if not config_file.is_file():
         raise SeqMoEError(f"no predictor at {path} (it needs {path.name} and {config_file.name})")
     try:
