@@ -17,6 +17,7 @@ from .predictor.calibration import CALIBRATION_TOKENS
 from .predictor.model import MAX_HORIZON, MAX_WIDTH
 from .resources import demo_model_dir
 from .simulate import SIMULATED_POLICIES
+from .stop_signals import Terminated, stop_signals_raise
 from .user_files import check_output, read_text
 
 if TYPE_CHECKING:
@@ -51,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, default=64)
     bench.add_argument("--policies", default="lru,gate,seqmoe,oracle", help="comma-separated policies to compare with full")
     bench.add_argument("--cache-ratios", default="0.45", help="comma-separated cache ratios")
-    bench.add_argument("--setup", choices=sorted(SETUPS), default=DEFAULT_SETUP,
-                       help="consumer setup whose transfer/compute ratio sets the emulated link speed (without --link-gbps)")
+    bench.add_argument("--setup", choices=sorted(SETUPS),
+                       help=f"consumer setup whose transfer/compute ratio sets the emulated link speed (default "
+                            f"{DEFAULT_SETUP}; instead of --link-gbps)")
     bench.add_argument("--plot", type=_path,
                        help="write a .png, .pdf or .svg of throughput relative to full (needs matplotlib)")
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -252,6 +254,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
     policies = policy_list(args.policies, POLICY_NAMES)
     ratios = cache_ratios(args.cache_ratios)
+    if args.setup is not None and args.link_gbps is not None:
+        raise SeqMoEError("give --setup or --link-gbps, not both: a setup sets the link's speed")
     if args.max_new_tokens < 2:
         raise SeqMoEError("--max-new-tokens must be at least 2: decode speed is timed from the second token on")
     texts, blank = read_prompts(args.prompts) if args.prompts else (BUILT_IN_PROMPTS, 0)
@@ -262,6 +266,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
             raise SeqMoEError("--plot needs matplotlib: pip install matplotlib (or the package's [bench] extra)") from None
         check_output(args.plot, "--plot", suffixes=PLOT_SUFFIXES)
     engine = load_engine(args)
+    if args.setup is not None and engine.link != "emulated":
+        raise SeqMoEError(f"only an emulated link can be matched to a setup; this engine copies over {engine.link}: "
+                          "drop --setup, or emulate the link with --device cpu")
     chat = engine.loaded.has_chat_template
     prompts = [engine.encode(text, chat=chat) for text in texts]
     for number, ids in enumerate(prompts, 1):
@@ -271,14 +278,15 @@ def run_bench_command(args: argparse.Namespace) -> int:
             raise SeqMoEError(f"prompt {number}: {error}") from None
     copy_layers = None
     if engine.link == "emulated" and args.link_gbps is None:
-        setup = SETUPS[args.setup]
+        setup_name = args.setup or DEFAULT_SETUP
+        setup = SETUPS[setup_name]
         copy_layers = setup.transfer_to_compute
         link_note = (f"emulated link set before every run so that one expert's bytes take {copy_layers:.2f} x one MoE "
                      f"layer's decode compute of full, measured just before each prompt's run, as for {setup.description}")
         if engine.loaded.host.packed:
             link_note += f"; packed losslessly, a copy moves {engine.loaded.host.packed_share:.1%} of them"
         if args.event_overhead:  # measured before the bench, which sets the link for each of its own runs
-            match_link(engine, args.setup, prompts, args.max_new_tokens)
+            match_link(engine, setup_name, prompts, args.max_new_tokens)
     else:
         link_note = f"{engine.link} link" + (f" {engine.link_gbps} GB/s" if engine.link == "emulated" else "")
     overhead = event_stream_overhead(engine, prompts, ratios[0], args.max_new_tokens) if args.event_overhead else None
@@ -366,8 +374,11 @@ def cache_ratios(text: str) -> list[float]:
 
 
 def read_prompts(path: Path) -> tuple[list[str], int]:
-    """One prompt per non-blank line of ``path``, and how many blank lines were skipped."""
-    lines = read_text(path, "the prompts file ").splitlines()
+    """One prompt per non-blank line of ``path``, and how many blank lines were skipped. Lines end
+    at a newline only (reading turned CRLF into one): ``splitlines`` would also cut a prompt at
+    U+2028 and the other separators Unicode has, which a prompt may hold."""
+    text = read_text(path, "the prompts file ").removeprefix("\ufeff")  # a byte order mark is no text
+    lines = text.removesuffix("\n").split("\n")
     prompts = [line.strip() for line in lines if line.strip()]
     if not prompts:
         raise SeqMoEError(f"the prompts file {path} holds no prompts (one per line)")
@@ -383,25 +394,33 @@ def traced_routers(model: str | None, identity: dict[str, object]) -> list[Route
 
     loaded = load_model(model or str(demo_model_dir()), device="cpu")
     traced = model_identity(loaded)
-    if traced["name"] != identity.get("name") or not same_model(traced, identity):
+    if traced["name"] != identity.get("name"):
         raise SeqMoEError(f"the traces are of {identity.get('name')}, not of {loaded.name}: "
                           "give the traced model with --model")
+    if not same_model(traced, identity):
+        raise SeqMoEError(f"the traces are of another model named {loaded.name}: the config or router weights "
+                          f"of {loaded.path} differ from the traced model's; give the traced model with --model")
     return router_logits(loaded)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
     from .predictor.calibration import find_predictor_for
     from .predictor.model import load_predictor
-    from .simulate import cache_slots, copy_bound, simulate
+    from .simulate import cache_slots, copy_bound, require_decode_tokens, simulate
     from .trace import read_traces
 
     if args.profile not in HARDWARE:
         raise SeqMoEError(f"unknown profile {args.profile!r}; profiles: {', '.join(HARDWARE)}")
     if args.shape not in SHAPES:
         raise SeqMoEError(f"unknown shape {args.shape!r}; shapes: {', '.join(SHAPES)}")
+    if not 0 < args.compute_efficiency <= 1:
+        raise SeqMoEError("--compute-efficiency is a share of the memory bandwidth: above 0, at most 1")
+    if not 0 < args.packed_share <= 1:
+        raise SeqMoEError("--packed-share is the share of an expert's bytes a copy moves: above 0, at most 1")
     ratios = cache_ratios(args.cache_ratios)
     policies = policy_list(args.policies, SIMULATED_POLICIES)
     traces = read_traces(args.traces)
+    require_decode_tokens(traces)
     for ratio in ratios:  # each refused before the replays of the others, not after
         cache_slots(traces, ratio)
     predictor = None
@@ -415,10 +434,6 @@ def run_simulate(args: argparse.Namespace) -> int:
                   "trains one, or give --predictor FILE)", file=sys.stderr)
     needs_routers = "gate" in policies or ("seqmoe" in policies and predictor is None)
     routers = traced_routers(args.model, traces.manifest["model"]) if needs_routers else None
-    if not 0 < args.compute_efficiency <= 1:
-        raise SeqMoEError("--compute-efficiency is a share of the memory bandwidth: above 0, at most 1")
-    if not 0 < args.packed_share <= 1:
-        raise SeqMoEError("--packed-share is the share of an expert's bytes a copy moves: above 0, at most 1")
     hardware = HARDWARE[args.profile].at_efficiency(args.compute_efficiency)
     shape = SHAPES[args.shape].packed(args.packed_share)
     try:
@@ -487,8 +502,12 @@ def run_predictor_command(args: argparse.Namespace) -> int:
 
     if args.command == "train-predictor":
         return commands.run_train(args)
-    if args.command == "trace" and args.every_turn and not args.chat:  # before the model loads
-        raise SeqMoEError("--every-turn needs --chat: it traces a conversation once per user turn")
+    if args.command == "trace":  # before the model loads
+        from .trace import check_trace_folder
+
+        if args.every_turn and not args.chat:
+            raise SeqMoEError("--every-turn needs --chat: it traces a conversation once per user turn")
+        check_trace_folder(args.out)
     runner = {"trace": commands.run_trace, "eval-predictor": commands.run_eval, "calibrate": commands.run_calibrate}
     return with_engine(runner[args.command])(args)
 
@@ -508,13 +527,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _quiet_transformers()
     try:
-        return COMMANDS[args.command](args)
+        with stop_signals_raise():
+            return COMMANDS[args.command](args)
     except SeqMoEError as error:
         print(f"seqmoe: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl+C: what the command writes is cleaned up on the way out
         print("seqmoe: interrupted", file=sys.stderr)
         return 130
+    except Terminated as stopped:  # as Ctrl+C, with the status a shell gives a process the signal ended
+        print(f"seqmoe: stopped by {stopped.name}", file=sys.stderr)
+        return stopped.exit_status
 
 
 if __name__ == "__main__":

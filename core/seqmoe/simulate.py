@@ -20,7 +20,7 @@ from .bound import Access, CopyBound, fewest_copies
 from .budget import minimum_slots, ratio_slots, too_few_slots
 from .cache import ExpertCache
 from .compression import RawExpert
-from .errors import BudgetTooSmall
+from .errors import BudgetTooSmall, SeqMoEError
 from .events import EventBus
 from .hardware import Hardware, ModelShape
 from .policies import ORACLE_NEXT, ORACLES, GatePolicy, LRUPolicy, OraclePolicy, Policy, RouterSeqMoEPolicy, SeqMoEPolicy
@@ -168,6 +168,7 @@ def simulate(
     """Replay each document of ``traces``, its prefill chunks then its decode tokens, through the
     cache, as the engine would run them; decode figures are reported. ``gate`` needs the traced
     model's ``routers``, and so does ``seqmoe`` without a ``predictor``, as the engine runs it then."""
+    require_decode_tokens(traces)
     layers, experts = traces.experts.shape[1], traces.probs.shape[-1]
     host = _NoWeights(layers, experts)
     slots = cache_slots(traces, cache_ratio)
@@ -228,6 +229,14 @@ def simulate(
         prefill_seconds=prefill_seconds,
         prefill_full_seconds=prefill_full_seconds,
     )
+
+
+def require_decode_tokens(traces: Traces) -> None:
+    """Refuse traces without decode tokens: the figures are of decoding, and with none each policy
+    would read as fast as full at a hit rate of 100%."""
+    if not bool(traces.decode.any()):
+        raise SeqMoEError("the traces hold no decode tokens (traced with --continuation 0): the simulator replays "
+                          "decoding; trace with --continuation 1 or more")
 
 
 def cache_slots(traces: Traces, cache_ratio: float) -> int:

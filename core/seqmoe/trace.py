@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import weakref
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,12 +30,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import DynamicCache
 
+from .budget import context_held
 from .counts import is_count
 from .errors import SeqMoEError
 from .experts import decode_phase
 from .loader import LoadedModel
+from .router_probe import router_answers
 from .routers import LinearRouter, Router, chosen_experts, find_routers
-from .user_files import output_folder, replacing, writing
+from .user_files import check_output, output_folder, replacing, writing
 
 FORMAT = "seqmoe-trace"
 MANIFEST = "manifest.json"
@@ -42,6 +46,9 @@ SHARD_TOKENS = 8192
 PREFILL_CHUNK = 128
 SHARD_KEYS = {"hidden", "experts", "probs", "document", "decode"}
 """The tensors every shard holds (``paragraph`` came later: older traces lack it)."""
+SHARD_NAME = re.compile(r"shard-\d{5}\.safetensors")
+LEFTOVER_NAME = re.compile(rf"{SHARD_NAME.pattern}|{re.escape(MANIFEST)}\.partial")
+"""What a trace stopped by force (a kill, a power cut) can leave in its folder without a manifest."""
 
 
 def model_identity(loaded: LoadedModel) -> dict[str, object]:
@@ -53,6 +60,7 @@ def model_identity(loaded: LoadedModel) -> dict[str, object]:
         "name": loaded.path.name,
         "config_sha256": hashlib.sha256(config_bytes).hexdigest(),
         "routers_sha256": routers_digest(loaded),
+        "routers_answers": router_answers(loaded),
         "moe_layers": loaded.host.num_layers,
         "num_experts": layout.num_experts,
         "top_k": loaded.top_k,
@@ -66,9 +74,9 @@ _ROUTER_DIGESTS: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDict
 def routers_digest(loaded: LoadedModel) -> str:
     """sha256 of every MoE layer's router weights. A predictor forecasts their choices: weights
     saved over a model's folder under the same config.json (a fine-tune, a re-download of another
-    revision) make another model to it. Hashed in bfloat16, so that the model loaded in another
-    floating dtype (``--dtype``) is the same model; once per loaded model (tens of MB for the
-    largest routers)."""
+    revision) make another model to it. Hashed in bfloat16, so that a bfloat16 checkpoint loaded in
+    float32 is the same model (float16 rounds otherwise: ``router_probe`` tells those apart); once per
+    loaded model (tens of MB for the largest routers)."""
     digest = _ROUTER_DIGESTS.get(loaded.model)
     if digest is None:
         hashed = hashlib.sha256()
@@ -152,8 +160,11 @@ class TextDocument:
 def read_documents(text: str, tokenize: Callable[[list[str]], list[int]], every_turn: bool = False) -> list[TextDocument]:
     """Blank-line separated paragraphs of ``text``, each tokenized by ``tokenize(lines)``. With
     ``every_turn`` (chat text), a paragraph gives one document per user turn: the conversation up
-    to it, so that the model replies to each turn, not only to the last."""
-    paragraphs = [[line.strip() for line in p.splitlines() if line.strip()] for p in text.split("\n\n")]
+    to it, so that the model replies to each turn, not only to the last. Lines end at a newline
+    only: ``splitlines`` would also cut one at U+2028 and Unicode's other separators, and shift
+    every later line of a conversation into the other role."""
+    text = text.removeprefix("\ufeff")  # a byte order mark is no text
+    paragraphs = [[line.strip() for line in p.split("\n") if line.strip()] for p in text.split("\n\n")]
     return [
         TextDocument(tokenize(lines[:end]), paragraph)
         for paragraph, lines in enumerate(p for p in paragraphs if p)
@@ -179,11 +190,30 @@ def plain_tokenizer(loaded: LoadedModel) -> Callable[[list[str]], list[int]]:
     return lambda lines: tokenizer(" ".join(lines), add_special_tokens=True)["input_ids"]
 
 
+def windows(ids: list[int], continuation: int, context: int | None) -> list[Document]:
+    """``ids`` continued for ``continuation`` tokens, as documents that each fit ``context`` tokens
+    (``None``: any length): a longer text in consecutive windows, each continued. Routing at the
+    positions past the model's context, which it never saw in training, would teach a predictor
+    what the engine never meets, and a long calibration text is the common case, not a mistake."""
+    if context is None or len(ids) + continuation <= context:
+        return [Document(ids, continuation)]
+    room = context - continuation
+    if room < 1:
+        raise SeqMoEError(f"a continuation of {continuation} tokens leaves no room for the text in the "
+                          f"{context}-token context: continue for fewer tokens")
+    return [Document(ids[start : start + room], continuation) for start in range(0, len(ids), room)]
+
+
 @torch.inference_mode()
 def trace_document(
     loaded: LoadedModel, recorder: RoutingRecorder, document: Document, chunk: int = PREFILL_CHUNK
 ) -> dict[str, torch.Tensor]:
-    """Prefill ``document`` in chunks, then continue greedily, recording every token."""
+    """Prefill ``document`` in chunks, then continue greedily, recording every token. A document
+    that would run past the model's context is refused (``windows`` splits a text to fit)."""
+    limit = loaded.context_limit
+    if limit is not None and len(document.ids) + document.continuation > limit:
+        raise SeqMoEError(f"the document is {len(document.ids)} tokens, continued for {document.continuation}, "
+                          f"and the context holds {limit} (the model's limit): shorten it")
     model = loaded.model
     cache = DynamicCache(config=model.config)
     records, decode_flags = [], []
@@ -221,21 +251,29 @@ def iter_traces(
     continuation: int,
     max_tokens: int | None = None,
     on_progress: Callable[[int], None] | None = None,
+    context: int | None = None,
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """Trace each document in turn until ``max_tokens`` tokens are recorded."""
+    """Trace each document in turn until ``max_tokens`` tokens are recorded. One that does not fit
+    ``context`` tokens (at most, and by default, the model's own limit) with its continuation is
+    traced in ``windows``: each a document of its own, begun afresh as the model saw it, of the
+    same paragraph (so that training validates on none of a text it learnt from)."""
+    context = loaded.context_limit if context is None else context_held(context, loaded.context_limit)
     recorder = RoutingRecorder(loaded)
-    recorded = 0
+    recorded = number = 0
     try:
-        for index, document in enumerate(documents):
-            if max_tokens is not None and recorded >= max_tokens:
-                break
-            record = trace_document(loaded, recorder, Document(document.ids, continuation))
-            record["document"] = torch.full((record["decode"].shape[0],), index, dtype=torch.int32)
-            record["paragraph"] = torch.full((record["decode"].shape[0],), document.paragraph, dtype=torch.int32)
-            recorded += record["decode"].shape[0]
-            if on_progress is not None:
-                on_progress(record["decode"].shape[0])
-            yield record
+        for document in documents:
+            for window in windows(document.ids, continuation, context):
+                if max_tokens is not None and recorded >= max_tokens:
+                    return
+                record = trace_document(loaded, recorder, window)
+                tokens = record["decode"].shape[0]
+                record["document"] = torch.full((tokens,), number, dtype=torch.int32)
+                record["paragraph"] = torch.full((tokens,), document.paragraph, dtype=torch.int32)
+                number += 1
+                recorded += tokens
+                if on_progress is not None:
+                    on_progress(tokens)
+                yield record
     finally:
         recorder.close()
 
@@ -282,34 +320,75 @@ def document_runs(traces: Traces) -> list[tuple[int, list[Run]]]:
     return documents
 
 
+def check_trace_folder(out: Path) -> list[Path]:
+    """Refuse ``out`` for a trace before any work (see ``write_traces``); the folders made to try
+    writing there are removed again. Returns the shard files of the earlier trace there."""
+    earlier = _earlier_trace(out) if out.is_dir() else []
+    missing = [folder for folder in (out, *out.parents) if not folder.exists()]
+    try:
+        check_output(out, "the trace folder", folder=True)
+    finally:
+        for folder in missing:  # deepest first, each empty unless someone else writes there meanwhile
+            with suppress(OSError):
+                folder.rmdir()
+    return earlier
+
+
 def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[str, torch.Tensor]]) -> dict[str, object]:
     """Write ``records`` as shards of about ``SHARD_TOKENS`` tokens and the manifest last. An
     earlier trace's manifest goes once the first record is there: a run stopped midway leaves no
-    folder that reads as a trace, where its shards would mix with the earlier ones. A run that
-    fails removes the shards it wrote, and the folder if it made it; a ``manifest.json`` that is
-    not a trace's is the user's own, and refused before any tracing."""
+    folder that reads as a trace, where its shards would mix with the earlier ones, and removes
+    the shards it wrote, those of the earlier trace, and the folder if it made it. A finished run
+    removes the earlier trace's shards it did not write over. Refused before any tracing: a
+    ``manifest.json`` that is not a trace's, or a folder of other files without a trace (the
+    user's own, never removed)."""
     manifest_file = out / MANIFEST
     with output_folder(out, "the trace folder"):
-        if manifest_file.exists() and not _is_trace_manifest(manifest_file):
-            raise SeqMoEError(f"the trace folder {out} holds a manifest.json that is not a seqmoe trace; give another folder")
+        earlier = _earlier_trace(out)
         written: list[Path] = []
         try:
             manifest = _write_shards(out, identity, records, written)
             with writing(manifest_file), replacing(manifest_file) as partial:
                 partial.write_text(json.dumps(manifest, indent=2))
         except BaseException:
-            for shard in written:
-                shard.unlink(missing_ok=True)
+            if not manifest_file.exists():  # else the earlier trace is untouched, or this one complete
+                _remove(written + earlier)
             raise
+        _remove([shard for shard in earlier if shard.name not in {s["file"] for s in manifest["shards"]}])
     return manifest
 
 
-def _is_trace_manifest(file: Path) -> bool:
+def _earlier_trace(out: Path) -> list[Path]:
+    """The shard files the trace in the folder ``out`` lists; refused when ``out`` holds the user's
+    own files instead of a trace (a hidden file, such as a file manager's, is nobody's work)."""
+    manifest_file = out / MANIFEST
+    if manifest_file.exists():
+        manifest = _trace_manifest(manifest_file)
+        if manifest is None:
+            raise SeqMoEError(f"the trace folder {out} holds a manifest.json that is not a seqmoe trace; give another folder")
+        listed = manifest.get("shards")
+        names = [shard.get("file") for shard in listed if isinstance(shard, dict)] if isinstance(listed, list) else []
+        # Only names a trace gives its shards: a damaged manifest must not name the user's files to remove.
+        return [out / name for name in names if isinstance(name, str) and SHARD_NAME.fullmatch(name)]
+    own = sorted(entry.name for entry in out.iterdir()
+                 if not entry.name.startswith(".") and not LEFTOVER_NAME.fullmatch(entry.name))
+    if own:
+        raise SeqMoEError(f"the trace folder {out} holds files and no trace ({', '.join(own[:3])}"
+                          f"{', ...' if len(own) > 3 else ''}); give a new or empty folder")
+    return []
+
+
+def _trace_manifest(file: Path) -> dict[str, object] | None:
     try:
         manifest = json.loads(file.read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(manifest, dict) and manifest.get("format") == FORMAT
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+
+
+def _remove(files: list[Path]) -> None:
+    for file in files:
+        file.unlink(missing_ok=True)
 
 
 def _write_shards(
@@ -376,6 +455,14 @@ def read_traces(folder: Path) -> Traces:
         is_count(model.get(key), 1) for key in ("moe_layers", "num_experts", "top_k", "hidden_size")
     ):
         raise SeqMoEError(f"{manifest_file} is damaged: it lacks the traced model or the list of shards; trace again")
+    files = [shard["file"] for shard in listed]
+    outside = next((file for file in files if Path(file).name != file or file in ("", "..")), None)
+    if outside is not None:
+        raise SeqMoEError(f"{manifest_file} lists the shard {outside!r}, not a file in {folder}: a trace's shards lie "
+                          "in its folder; trace again")
+    twice = next((file for number, file in enumerate(files) if file in files[:number]), None)
+    if twice is not None:
+        raise SeqMoEError(f"{manifest_file} lists the shard {twice} twice; trace again")
     shards = []
     for shard in listed:
         try:

@@ -10,9 +10,10 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 import seqmoe.bench
+import seqmoe.cli
 from seqmoe import Engine, Sampling, load_model
 from seqmoe.bench import emulated_copy_seconds, full_speed, layer_seconds, match_link, plot, run_bench, wrapped
-from seqmoe.cli import build_parser, main
+from seqmoe.cli import build_parser, main, read_prompts
 from seqmoe.errors import SeqMoEError
 from seqmoe.hardware import DEFAULT_SETUP
 
@@ -222,3 +223,29 @@ def test_packed_experts_count_as_copies_and_take_less_of_the_link(tiny_models: d
     (_, lru) = run_bench(engine, [PROMPT], ["lru"], [0.5], max_new_tokens=8, copy_layers=2.0).rows
     misses = lru.totals.total("decode_misses") / lru.totals.decode_tokens
     assert misses > 0 and lru.as_dict()["decode_copies_per_token"] == pytest.approx(misses, rel=0.01)  # lru copies its misses
+
+
+def test_bench_refuses_a_setup_with_a_link_speed_before_loading_the_model(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(seqmoe.cli, "load_engine", never_run)
+    status = main(["bench", "--setup", DEFAULT_SETUP, "--link-gbps", "10"])
+    assert status == 2 and capsys.readouterr().err == (
+        "seqmoe: error: give --setup or --link-gbps, not both: a setup sets the link's speed\n")
+
+
+def test_bench_refuses_a_setup_on_a_real_link(
+    mixtral_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Engine, "link", property(lambda engine: "cuda"))  # as on a GPU, whose copies are real
+    monkeypatch.setattr(seqmoe.bench, "run_bench", never_run)
+    status = main(["bench", "--model", str(mixtral_dir), "--device", "cpu", "--setup", DEFAULT_SETUP])
+    assert status == 2 and capsys.readouterr().err == (
+        "seqmoe: error: only an emulated link can be matched to a setup; this engine copies over cuda: "
+        "drop --setup, or emulate the link with --device cpu\n")
+
+
+def test_prompts_are_lines_split_at_newlines_only_without_a_byte_order_mark(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes("\ufeffHi\u2028there\r\n\r\nsecond\x85line\x0cend\n".encode())
+    assert read_prompts(prompts) == (["Hi\u2028there", "second\x85line\x0cend"], 1)

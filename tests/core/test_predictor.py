@@ -19,6 +19,7 @@ from seqmoe.predictor import PredictorConfig, load_predictor, save_predictor
 from seqmoe.predictor.evaluation import evaluate, frequency_scorer, hits_at, previous_token_scorer
 from seqmoe.predictor.samples import Positions, positions_of, split_documents
 from seqmoe.predictor.training import TrainingOptions, train_predictor, validation_loss
+from seqmoe.router_probe import same_answers
 from seqmoe.routers import find_routers
 from seqmoe.trace import Document, RoutingRecorder, model_identity, read_documents, read_traces, trace_document, write_traces
 
@@ -276,6 +277,27 @@ def test_the_routers_fingerprint_does_not_depend_on_the_dtype_the_model_is_loade
     model_dir, _ = traced
     digests = {model_identity(load_model(str(model_dir), device="cpu", dtype=dtype))["routers_sha256"] for dtype in ("float32", "bfloat16")}
     assert len(digests) == 1
+
+
+def test_a_predictor_serves_its_model_loaded_in_float16(traced: tuple[Path, Path], tmp_path: Path) -> None:
+    # float16 rounds the routers' weights otherwise than bfloat16: their digest differs, and the
+    # model's own predictor was refused as made for other weights.
+    model_dir, out = traced
+    path = tmp_path / "p.safetensors"
+    save_predictor(train_predictor(read_traces(out), TrainingOptions(epochs=1, width=16), progress=False), path)
+    half = model_identity(load_model(str(model_dir), device="cpu", dtype="float16"))
+    assert half["routers_sha256"] != json.loads(path.with_suffix(".json").read_text())["model"]["routers_sha256"]
+    assert load_predictor(path, half).config.width == 16
+    retrained = build_model(tmp_path / "again" / model_dir.name, FAMILIES["qwen3_moe"], seed=1)
+    with pytest.raises(SeqMoEError, match="trained for other weights"):  # other routers stay refused in any dtype
+        load_predictor(path, model_identity(load_model(str(retrained), device="cpu", dtype="float16")))
+
+
+@pytest.mark.parametrize("answers", [None, "text", [], [[["NaN"]]], [[[1.0, 2.0]]], [[[float("nan"), 1.0, 2.0]]]])
+def test_router_answers_that_are_not_the_routers_own_never_match(traced: tuple[Path, Path], answers: object) -> None:
+    identity = model_identity(load_model(str(traced[0]), device="cpu"))
+    assert same_answers(identity["routers_answers"], identity["routers_answers"])
+    assert not same_answers(answers, identity["routers_answers"]) and not same_answers(identity["routers_answers"], answers)
 
 
 def test_eval_predictor_reports_what_the_predictor_costs_a_decode_step(

@@ -18,6 +18,8 @@ from seqmoe.simulate import SimulatedCopier, VirtualClock, copy_bound, simulate
 from seqmoe.transfer import CopyJob
 from seqmoe.trace import Document, RoutingRecorder, Traces, trace_document
 
+from .conftest import CHAT_TEXT, FAMILIES, build_model
+
 PROMPT = [5, 17, 42, 99, 23, 64, 7, 88, 31, 12, 56, 77]
 NEW_TOKENS = 16
 
@@ -244,3 +246,40 @@ def test_a_simulated_copy_queued_behind_another_starts_when_the_lane_comes_free(
     assert [copier.done(job) for job in jobs] == [True, True, False]
     copier.wait(jobs[2])
     assert clock.now == 3.0 and copier.stall_seconds() == pytest.approx(0.5)
+
+
+def test_traces_without_decode_tokens_are_refused_not_reported_as_fast_as_full(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = tmp_path / "chat.txt"
+    text.write_text(CHAT_TEXT)
+    out = tmp_path / "tr0"
+    assert main(["trace", "--model", str(traced[0]), "--device", "cpu", "--text", str(text), "--continuation", "0",
+                 "--out", str(out)]) == 0
+    capsys.readouterr()
+    status = main(["simulate", "--traces", str(out), "--policies", "lru,oracle", "--cache-ratios", "0.5"])
+    out_text, err = capsys.readouterr()
+    assert status == 2 and out_text == "" and err == (
+        "seqmoe: error: the traces hold no decode tokens (traced with --continuation 0): the simulator replays "
+        "decoding; trace with --continuation 1 or more\n")
+
+
+@pytest.mark.parametrize(("flag", "message"), [("--compute-efficiency", "--compute-efficiency is a share"),
+                                               ("--packed-share", "--packed-share is the share")])
+def test_simulate_refuses_a_bad_share_before_reading_the_traces(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, message: str
+) -> None:
+    status = main(["simulate", "--traces", str(tmp_path / "nowhere"), "--policies", "lru", flag, "0"])
+    err = capsys.readouterr().err
+    assert status == 2 and message in err and len(err.splitlines()) == 1, err
+
+
+def test_simulated_gate_tells_another_model_of_the_same_name_apart(
+    traced: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, out = traced
+    other = build_model(tmp_path / model.name, FAMILIES[model.name], seed=1)  # same folder name, other weights
+    status = main(["simulate", "--traces", str(out), "--policies", "gate", "--cache-ratios", "0.5", "--model", str(other)])
+    assert status == 2 and capsys.readouterr().err == (
+        f"seqmoe: error: the traces are of another model named {model.name}: the config or router weights of "
+        f"{other} differ from the traced model's; give the traced model with --model\n")

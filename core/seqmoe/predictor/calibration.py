@@ -64,14 +64,16 @@ def collect_traces(
     continuation: int,
     on_tokens: Callable[[int], None] | None = None,
     every_turn: bool = False,
+    context: int | None = None,
 ) -> Traces:
-    """Trace ``text`` in memory (see ``trace.iter_traces``); with ``every_turn``, a reply to each user
-    turn of each conversation, in a fixed shuffled order so that ``max_tokens`` spans the text."""
+    """Trace ``text`` in memory (see ``trace.iter_traces``, which fits it to ``context``); with
+    ``every_turn``, a reply to each user turn of each conversation, in a fixed shuffled order so that
+    ``max_tokens`` spans the text."""
     tokenize = chat_tokenizer(loaded) if chat else plain_tokenizer(loaded)
     documents = read_documents(text, tokenize, every_turn and chat)
     if every_turn and chat:
         random.Random(0).shuffle(documents)
-    records = list(iter_traces(loaded, documents, continuation, max_tokens, on_tokens))
+    records = list(iter_traces(loaded, documents, continuation, max_tokens, on_tokens, context))
     if not records:
         raise SeqMoEError("the text produced no tokens to trace")
     joined = {key: torch.cat([r[key] for r in records]) for key in records[0]}
@@ -87,6 +89,7 @@ def calibrate(
     text: Path | None = None,
     tokens: int = CALIBRATION_TOKENS,
     continuation: int = CONTINUATION_TOKENS,
+    context: int | None = None,
 ) -> tuple[ExpertPredictor, Path]:
     """Trace the calibration text, train a predictor, store it in the user cache; may be cancelled
     by ``on_progress`` raising.
@@ -106,7 +109,7 @@ def calibrate(
         report(f"Tracing routing ({done} tokens)", 0.5 * min(done / tokens, 1.0))
 
     source = read_text(text or calibration_text())
-    traces = collect_traces(loaded, source, chat, tokens, continuation, traced, every_turn=True)
+    traces = collect_traces(loaded, source, chat, tokens, continuation, traced, every_turn=True, context=context)
     conversations = traces.paragraph if traces.paragraph is not None else traces.document
     if len(set(conversations.tolist())) < 2 and traces.tokens >= tokens:  # the budget, not the text, ran out
         raise SeqMoEError(

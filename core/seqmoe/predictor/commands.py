@@ -36,7 +36,7 @@ def run_trace(engine: Engine, args: argparse.Namespace) -> int:
     tokenize = chat_tokenizer(loaded) if args.chat else plain_tokenizer(loaded)
     documents = read_documents(read_text(args.text), tokenize, args.every_turn and args.chat)
     with tqdm(total=args.max_tokens, desc="trace", unit="tok") as bar:  # closed before an error's line, too
-        records = iter_traces(loaded, documents, args.continuation, args.max_tokens, bar.update)
+        records = iter_traces(loaded, documents, args.continuation, args.max_tokens, bar.update, engine.context_tokens)
         manifest = write_traces(args.out, model_identity(loaded), records)
     print(f"{manifest['tokens']} tokens ({manifest['decode_tokens']} decoded) from {manifest['documents']} documents "
           f"in {len(manifest['shards'])} shards at {args.out}", file=sys.stderr)
@@ -68,7 +68,8 @@ def run_eval(engine: Engine, args: argparse.Namespace) -> int:
     horizon = args.horizon or predictor.config.horizon
     if not 1 <= horizon <= predictor.config.horizon:
         raise SeqMoEError(f"--horizon must be between 1 and the predictor's {predictor.config.horizon}")
-    traces = collect_traces(loaded, read_text(args.text), args.chat, args.max_tokens or 10**9, args.continuation)
+    traces = collect_traces(loaded, read_text(args.text), args.chat, args.max_tokens or 10**9, args.continuation,
+                           context=engine.context_tokens)
     positions = positions_of(traces, predictor.config.horizon)
     frequency = torch.tensor(predictor.config.frequency)
     scorers = {
@@ -157,7 +158,8 @@ def run_calibrate(engine: Engine, args: argparse.Namespace) -> int:
             bar.set_description(stage)
             bar.update(round(100 * fraction) - bar.n)
 
-        predictor, path = calibrate(engine.loaded, TrainingOptions(epochs=args.epochs), progress, args.text, args.tokens)
+        predictor, path = calibrate(engine.loaded, TrainingOptions(epochs=args.epochs), progress, args.text, args.tokens,
+                                    context=engine.context_tokens)
     report = predictor.config.report
     print(f"calibrated in {report['seconds']:.0f} s of training: validation loss {report['validation_loss']:.4f}; "
           f"predictor saved to {path}", file=sys.stderr)
