@@ -522,8 +522,11 @@ def test_calibration_says_when_the_model_has_no_chat_template(
     text.write_text(CHAT_TEXT)
     status = main(["calibrate", "--model", str(model), "--device", "cpu", "--text", str(text), "--epochs", "1",
                    "--tokens", "300"])
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert status == 0 and last == "plain has no chat template: the calibration text went to it as plain text, each conversation once"
+    said = capsys.readouterr().err.strip().splitlines()
+    assert status == 0 and said[-1] == "plain has no chat template: the calibration text went to it as plain text, each conversation once"
+    # It is used before the bundled one from now on, however short its text was: said, with the way back.
+    assert said[-3].startswith("seqmoe forecasts plain with this predictor from now on; delete it and plain-")
+    assert said[-3].endswith(".json to go back")
 
 
 class Cancelled(Exception):

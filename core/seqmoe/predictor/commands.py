@@ -161,6 +161,9 @@ def run_calibrate(engine: Engine, args: argparse.Namespace) -> int:
         predictor, path = calibrate(engine.loaded, TrainingOptions(epochs=args.epochs), progress, args.text, args.tokens,
                                     context=engine.context_tokens)
     report = predictor.config.report
+    # It comes before any bundled one from now on: said, as a calibration on a short text is no improvement.
+    print(f"seqmoe forecasts {engine.loaded.name} with this predictor from now on; delete it and "
+          f"{path.with_suffix('.json').name} to go back", file=sys.stderr)
     print(f"calibrated in {report['seconds']:.0f} s of training: validation loss {report['validation_loss']:.4f}; "
           f"predictor saved to {path}", file=sys.stderr)
     if not engine.loaded.has_chat_template:  # calibrate replies to each user turn through the template
