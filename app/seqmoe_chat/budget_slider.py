@@ -1,4 +1,4 @@
-"""The VRAM budget: a slider in GB and, live, what it buys with the loaded model: expert
+"""The VRAM budget: a slider in GiB and, live, what it buys with the loaded model: expert
 slots, cache ratio, the speed measured at that size, and whether the model fits entirely,
 runs offloaded with SeqMoE, or cannot run at all. The arithmetic is the engine's own
 (``CacheGeometry``), so the slots shown are the slots the engine will make."""
@@ -6,16 +6,22 @@ runs offloaded with SeqMoE, or cannot run at all. The arithmetic is the engine's
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QSlider, QWidget
 
+from .store.settings import MAX_VRAM_BUDGET_GB
 from .store.speed_history import expected_speed
 from .worker import ModelInfo
 
-GB = 2**30  # the engine's budgets count GB as 2**30 bytes
-MB_STEP = GB // 1000
-MAX_GB_WITHOUT_MODEL = 1024.0
+if TYPE_CHECKING:
+    from seqmoe.budget import CacheGeometry
+
+GIB = 2**30  # the engine's budgets (``vram_budget_gb``) count 2**30 bytes, as the Models window does
+MB_STEP = GIB // 1000
+MAX_BYTES = int(MAX_VRAM_BUDGET_GB * GIB)
+SLIDER_STEPS = 2**31 - 1  # a QSlider's int
 
 
 class BudgetSlider(QWidget):
@@ -30,7 +36,7 @@ class BudgetSlider(QWidget):
         self.cache_ratio = cache_ratio
         self.automatic_bytes = automatic_bytes
         self.speeds = speeds
-        geometry = model.geometry if model is not None else None
+        geometry = sized_geometry(model)
         self.enabled_box = QCheckBox("Size the expert cache by a VRAM budget")
         self.enabled_box.setToolTip(
             "Unchecked: on a CUDA GPU the cache takes what the free VRAM holds when the model loads, up to "
@@ -38,8 +44,8 @@ class BudgetSlider(QWidget):
         )
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.spin = _SlotSpinBox(self.slider)
-        self.spin.setSuffix(" GB")
-        self.spin.setToolTip("GB of 2³⁰ bytes, as the engine counts: weights, KV-cache reserve, workspace and experts")
+        self.spin.setSuffix(" GiB")
+        self.spin.setToolTip("GiB of 2³⁰ bytes: weights, KV-cache reserve, workspace and experts")
         self.slots = QLabel()
         self.speed = QLabel()
         self.fit = QLabel()
@@ -47,36 +53,44 @@ class BudgetSlider(QWidget):
         if geometry is None:
             # Without a model only the number can be chosen; what it buys shows once one is loaded.
             self.unit, self.origin = MB_STEP, 0
-            low, high = MB_STEP, int((available_bytes or MAX_GB_WITHOUT_MODEL * GB))
-            initial = budget_gb if budget_gb is not None else high / GB
+            low, high = MB_STEP, min(available_bytes or MAX_BYTES, MAX_BYTES)
+            initial = budget_gb if budget_gb is not None else high / GIB
         else:
-            full = geometry.budget_bytes_for(geometry.total_experts)
-            low = geometry.budget_bytes_for(0)
-            if geometry.bytes_per_expert < MB_STEP:
+            least = geometry.budget_bytes_for(0)
+            ceiling = min(geometry.budget_bytes_for(geometry.total_experts), available_bytes or MAX_BYTES, MAX_BYTES)
+            if geometry.bytes_per_expert < MB_STEP and (ceiling - least) // geometry.bytes_per_expert < SLIDER_STEPS:
                 # One expert per step, counted from the budget of no slot, so that each step buys one more.
-                self.unit, self.origin = geometry.bytes_per_expert, low
+                self.unit, self.origin = geometry.bytes_per_expert, least
+                low = least
             else:
+                # A model that no budget the settings keep holds shows as too small at every step.
                 self.unit, self.origin = MB_STEP, 0
-            high = max(min(available_bytes, full) if available_bytes else full, low + self.unit)
+                low = min(least, MAX_BYTES - MB_STEP)
+            high = max(ceiling, low + self.unit)
             initial = budget_gb
+        self._high = high
         per_expert = self.unit < MB_STEP
         # Enough decimals that the last one is finer than one step: every step then shows its own value.
-        self.spin.setDecimals(math.ceil(math.log10(GB / self.unit)) if per_expert else 3)
+        self.spin.setDecimals(math.ceil(math.log10(GIB / self.unit)) if per_expert else 3)
         self.spin.steps_slider = per_expert
         self.spin.setRange(self._shown_gb(low), self._shown_gb(high))
+        # The right end is the first step whose budget reaches the top of the range (every expert,
+        # if it holds them): the steps below it are rounded down.
+        below = (high - self.origin) // self.unit
+        self._top = below if int(self._shown_gb(self.origin + below * self.unit) * GIB) >= high else below + 1
         if initial is None:
             initial = self._shown_gb(geometry.budget_bytes_for(model.cache_slots))
-        # The arrows' steps where they do not move the slider: 0.05 GB on a real GPU budget, 0.001 GB
+        # The arrows' steps where they do not move the slider: 0.05 GiB on a real GPU budget, 0.001 GiB
         # when the whole range is small.
-        self.spin.setSingleStep(0.05 if high - low >= GB // 2 else MB_STEP / GB)
-        self.slider.setRange(self._position(low), self._position(high))
-        self.slider.setPageStep(max(1, round(0.05 * GB / self.unit)))
+        self.spin.setSingleStep(0.05 if high - low >= GIB // 2 else MB_STEP / GIB)
+        self.slider.setRange(self._position(low), self._top)
+        self.slider.setPageStep(max(1, round(0.05 * GIB / self.unit)))
         self.slider.setEnabled(geometry is not None)
         self.spin.setValue(initial)  # within the range the spin box holds
         # A saved budget outside what this model's range shows (chosen for a larger model) is
         # kept unless the user changes it, as the box shows it only clamped.
         self._saved_gb, self._shown_at_start = budget_gb, self.spin.value()
-        self.slider.setValue(self._position(int(self.spin.value() * GB)))
+        self.slider.setValue(self._position(int(self.spin.value() * GIB)))
         self.slider.valueChanged.connect(self._on_slider_moved)
         self.spin.valueChanged.connect(self._on_spin_changed)
         self.enabled_box.toggled.connect(self._update)
@@ -105,47 +119,46 @@ class BudgetSlider(QWidget):
     def too_small(self) -> bool:
         """Whether the chosen budget cannot hold the loaded model's smallest cache: saved, the
         model would fail to load with it at every start."""
-        geometry = self.model.geometry if self.model is not None else None
+        geometry = sized_geometry(self.model)
         return (self.enabled_box.isChecked() and geometry is not None
-                and int(self.spin.value() * GB) < geometry.budget_bytes_for(geometry.minimum_slots))
+                and int(self.spin.value() * GIB) < geometry.budget_bytes_for(geometry.minimum_slots))
 
     def set_speeds(self, speeds: dict[int, float]) -> None:
         self.speeds = speeds
         self._update()
 
     def _position(self, budget_bytes: int) -> int:
-        """The slider step a budget reaches, rounded down as the engine rounds slots down."""
+        """The slider step a budget reaches, rounded down as the engine rounds slots down; the range's
+        top is the last step."""
+        if budget_bytes >= self._high:
+            return self._top
         return (budget_bytes - self.origin) // self.unit
 
     def _shown_gb(self, budget_bytes: int) -> float:
-        """``budget_bytes`` in GB at the spin box's decimals, rounded up so that the engine, which reads
-        ``int(gb * 2**30)`` bytes, gets at least that budget and so its slots."""
-        scale = 10 ** self.spin.decimals()
-        shown = math.ceil(budget_bytes * scale / GB) / scale
-        return shown if int(shown * GB) >= budget_bytes else shown + 1 / scale
+        return gib_rounded_up(budget_bytes, self.spin.decimals())
 
     def _on_slider_moved(self, value: int) -> None:
         self.spin.blockSignals(True)
-        self.spin.setValue(self._shown_gb(self.origin + value * self.unit))
+        self.spin.setValue(self._shown_gb(min(self.origin + value * self.unit, self._high)))
         self.spin.blockSignals(False)
         self._update()
 
     def _on_spin_changed(self, value: float) -> None:
         self.slider.blockSignals(True)
-        self.slider.setValue(self._position(int(value * GB)))
+        self.slider.setValue(self._position(int(value * GIB)))
         self.slider.blockSignals(False)
         self._update()
 
     def _update(self) -> None:
         on = self.enabled_box.isChecked()
-        self.slider.setEnabled(on and self.model is not None and self.model.geometry is not None)
+        self.slider.setEnabled(on and sized_geometry(self.model) is not None)
         self.spin.setEnabled(on)
         if on:
-            slots, speed, fit = describe_budget(self.model, int(self.spin.value() * GB), self.speeds)
+            slots, speed, fit = describe_budget(self.model, int(self.spin.value() * GIB), self.speeds)
         elif self.automatic_bytes is not None:
             slots, speed, fit = describe_budget(self.model, self.automatic_bytes, self.speeds)
             slots = f"{slots}, sized to the free VRAM"
-        elif self.model is not None and self.model.geometry is not None:
+        elif sized_geometry(self.model) is not None:
             slots, speed, fit = describe_slots(self.model, round(self.cache_ratio * self.model.total_experts),
                                                self.speeds)
         else:
@@ -157,7 +170,7 @@ class BudgetSlider(QWidget):
 
 
 class _SlotSpinBox(QDoubleSpinBox):
-    """With one expert per slider step, the arrows move the slider one step: adding the step in GB
+    """With one expert per slider step, the arrows move the slider one step: adding the step in GiB
     and rounding to the decimals would sometimes land on the slot count it left."""
 
     def __init__(self, slider: QSlider) -> None:
@@ -174,17 +187,16 @@ class _SlotSpinBox(QDoubleSpinBox):
 
 def describe_budget(model: ModelInfo | None, budget_bytes: int, speeds: dict[int, float]) -> tuple[str, str, str]:
     """Texts for the expert slots, the expected speed and the fit that ``budget_bytes`` gives ``model``."""
-    if model is None or model.geometry is None:
+    geometry = sized_geometry(model)
+    if geometry is None:
         return "load a model to see what a budget buys", "not measured yet", ""
     from seqmoe import BudgetTooSmall  # loaded with the model already
 
-    geometry = model.geometry
     try:
         slots = geometry.slots_for_budget(budget_bytes)
     except BudgetTooSmall:
-        need = geometry.budget_bytes_for(geometry.minimum_slots) / GB
-        return (f"below the minimum of {geometry.minimum_slots}", "–",
-                f"Too small: {model.name} needs at least {need:.4f} GB.")
+        need = gib_text(geometry.budget_bytes_for(geometry.minimum_slots))
+        return f"below the minimum of {geometry.minimum_slots}", "–", f"Too small: {model.name} needs at least {need} GiB."
     return describe_slots(model, slots, speeds)
 
 
@@ -197,3 +209,26 @@ def describe_slots(model: ModelInfo, slots: int, speeds: dict[int, float]) -> tu
     else:
         fit = f"Runs with SeqMoE: {slots / total:.0%} of the experts cached, the rest loaded when needed."
     return f"{slots} of {total} (cache ratio {slots / total:.2f})", speed, fit
+
+
+def sized_geometry(model: ModelInfo | None) -> CacheGeometry | None:
+    """The loaded model's cache arithmetic; None without a model, or for one whose experts measured no
+    bytes (no budget buys a count of them)."""
+    if model is None or model.geometry is None or model.geometry.bytes_per_expert <= 0:
+        return None
+    return model.geometry
+
+
+def gib_rounded_up(size: int, decimals: int) -> float:
+    """``size`` bytes in GiB at ``decimals``, rounded up so that the engine, which reads
+    ``int(gib * 2**30)`` bytes, gets at least ``size``: a budget of the figure shown buys its slots."""
+    scale = 10**decimals
+    shown = math.ceil(size * scale / GIB) / scale
+    return shown if int(shown * GIB) >= size else shown + 1 / scale
+
+
+def gib_text(size: int) -> str:
+    """``size`` bytes in GiB, rounded up, with the budget box's 3 decimals or as many more as show
+    3 significant digits (a tiny model's budget is a millionth of a GiB)."""
+    decimals = max(3, 2 - math.floor(math.log10(size / GIB))) if size > 0 else 3
+    return f"{gib_rounded_up(size, decimals):.{decimals}f}"

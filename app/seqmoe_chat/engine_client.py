@@ -59,7 +59,8 @@ class EngineClient(QObject):
         self.cancel_load()
         self.model = None
         self.loading_id = next(self._ids)
-        self.sig_load_requested.emit(self.loading_id, model, options)
+        # A copy, as for a reconfigure: the worker reads it for seconds while the settings may change.
+        self.sig_load_requested.emit(self.loading_id, model, dataclasses.replace(options))
         return self.loading_id
 
     def cancel_load(self) -> None:

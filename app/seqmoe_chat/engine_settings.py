@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QFormLayout, QLabel, QS
 from seqmoe.hardware import SETUPS, Setup
 
 from .budget_slider import BudgetSlider
+from .engine_import import engine_imported
 from .panel.memory_monitor import MemorySample
 from .store import EngineOptions
 from .store.settings import CONTEXT_TOKENS, DEVICES, LINK_GBPS, POLICIES
@@ -39,14 +40,16 @@ class EngineContext:
     automatic_bytes: int | None = None
     """The budget the worker gives the cache when the user sets none (a CUDA device only)."""
     cuda: bool | None = None
-    """Whether PyTorch here can use a CUDA GPU; None while PyTorch is not loaded (no model yet)."""
+    """Whether PyTorch here can use a CUDA GPU; None until PyTorch has loaded in full (no model yet)."""
 
 
 def engine_context(model: ModelInfo | None, memory: MemorySample, chats: sqlite3.Connection) -> EngineContext:
     """On a CUDA device a budget can use the free VRAM plus what this process holds, and the
     automatic one leaves a margin of the free VRAM as the worker does; on the CPU the emulated
     budget goes up to the model's full size."""
-    torch = sys.modules.get("torch")  # imported with the engine: asked, never imported here (seconds)
+    # Imported with the engine: asked, never imported here (seconds); not known until that import
+    # has ended, as the engine's thread may be halfway through it.
+    torch = sys.modules.get("torch") if engine_imported() else None
     cuda = bool(torch.cuda.is_available()) if torch is not None else None
     if model is None:
         return EngineContext(cuda=cuda)

@@ -97,6 +97,7 @@ class MainWindow(QMainWindow):
         self.importing: Path | None = None  # the file being read for an import, off the GUI thread
         self._models_dialog: ModelsDialog | None = None
         self._load_id: int | None = None
+        self._load_options = EngineOptions()  # what the load asked for last runs with
         self._speed_from: tuple[int, float] | None = None  # tokens and time of the reply's first streamed text
         self._model = self.settings.model if model is None else model
         self._loaded_model = ""  # as _model gave it, for the model loaded now
@@ -413,7 +414,9 @@ class MainWindow(QMainWindow):
 
     def load_model(self, model: str) -> None:
         self._model = model
-        self._load_id = self.client.load(model, self.settings.engine)
+        # Settings accepted while it loads apply once it has loaded, as a change from these.
+        self._load_options = dataclasses.replace(self.settings.engine)
+        self._load_id = self.client.load(model, self._load_options)
         # The worker loads after the reply it is generating: said, so the bar does not sit at 0%.
         self.model_bar.show_loading("Waiting for the reply to end" if self.session.busy else "Starting", 0.0)
         self.status.show_model(None, "Loading the model…")
@@ -433,6 +436,7 @@ class MainWindow(QMainWindow):
             self.settings.remember_model(self._model)
             self.model_bar.set_models(self.settings.recent_models, self.model_bar.chosen_model())
             self._save_settings()
+            self._apply_engine_settings(self._load_options)
 
     def _on_load_failed(self, request_id: int, reason: str, kept: ModelInfo | None) -> None:
         if request_id != self._load_id:
@@ -446,6 +450,8 @@ class MainWindow(QMainWindow):
         self.model_bar.set_models(self.settings.recent_models, self._model)
         self.model_bar.show_loaded(kept)
         self.status.show_model(kept)
+        # It ran with the settings the failed load was asked with: those accepted since apply to it.
+        self._apply_engine_settings(self._load_options)
         dialogs.show_error(self, "The model could not be loaded", f"{reason}\n\n{kept.name} is still loaded.")
 
     def _on_load_cancelled(self, request_id: int) -> None:
@@ -513,9 +519,15 @@ class MainWindow(QMainWindow):
         self.session.default_sampling = self.settings.sampling
         self.panel.set_rate(self.settings.panel_hz)
         self.set_theme(self.settings.theme)  # saves the settings
+        if self.client.model is not None:
+            self._apply_engine_settings(before)
+        elif self.client.busy_loading and self.settings.engine != before:
+            self.status.showMessage("The engine settings apply once the model has loaded.", STATUS_MESSAGE_MS)
+
+    def _apply_engine_settings(self, before: EngineOptions) -> None:
+        """Apply to the loaded model, which runs with ``before``, the engine settings as they are
+        now: the cache's policy, size and link at once; the device and context need a new load."""
         after = self.settings.engine
-        if self.client.model is None:
-            return
         # Queued on the worker: it applies between two replies, never during one.
         if dataclasses.replace(after, device=before.device, context_tokens=before.context_tokens) != before:
             self._kept_options[self.client.reconfigure(after)] = before

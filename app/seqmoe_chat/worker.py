@@ -284,8 +284,13 @@ class EngineWorker(QObject):
 
     def _load_failed(self, request_id: int, model: str, error: Exception) -> None:
         """Say why ``model`` did not load, with the model that stays loaded, if any."""
+        from seqmoe import BudgetTooSmall
+
         _log_unexpected(error, "loading %s failed", model or "the demo model")
-        self.sig_load_failed.emit(request_id, describe_error(error), self._info)
+        reason = describe_error(error)
+        if isinstance(error, BudgetTooSmall):  # saved, it fails every start until changed: said where
+            reason += "\n\nChange the VRAM budget in Settings ▸ Engine, then load the model again."
+        self.sig_load_failed.emit(request_id, reason, self._info)
 
     @Slot(int, object)
     def reconfigure(self, request_id: int, options: EngineOptions) -> None:

@@ -68,7 +68,7 @@ class CacheGeometry:
         if slots < self.minimum_slots:
             least_bytes = self.budget_bytes_for(self.minimum_slots)
             decimals = 2 if budget_bytes is None else _decimals_telling_apart(budget_bytes, least_bytes)
-            asked = f"cache ratio {ratio}" if budget_bytes is None else f"a budget of {budget_bytes / 2**30:.{decimals}f} GiB"
+            asked = f"cache ratio {ratio}" if budget_bytes is None else f"a budget of {_gib_above_zero(budget_bytes, decimals)} GiB"
             raise BudgetTooSmall(f"{too_few_slots(asked, slots, self.total_experts, self.top_k)} or a VRAM budget "
                                  f"of at least {_gib_rounded_up(least_bytes, decimals)} GiB")
         return slots
@@ -104,6 +104,13 @@ def _decimals_telling_apart(asked: int, least: int) -> int:
     """As few decimals (2 to 4) as show a budget and the least that works as different figures:
     "0.02 GiB leaves too few slots, it needs at least 0.02 GiB" helps nobody."""
     return next((d for d in (2, 3) if f"{asked / 2**30:.{d}f}" != _gib_rounded_up(least, d)), 4)
+
+
+def _gib_above_zero(size: int, decimals: int) -> str:
+    """``size`` bytes in GiB at ``decimals``, or as many more as show a size above none as more than 0:
+    a budget saved as 0.001 read "a budget of 0.00 GiB", as if no budget were set."""
+    decimals = next((d for d in range(decimals, 10) if round(size / 2**30, d) > 0), decimals)
+    return f"{size / 2**30:.{decimals}f}"
 
 
 def kv_cache_bytes(config: PretrainedConfig, context_tokens: int, element_size: int) -> int:

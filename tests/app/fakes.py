@@ -76,8 +76,10 @@ class FakeBackend:
     samplings: list[Any] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)  # perf_counter() of every token produced
     engines: list[FakeEngine] = field(default_factory=list)
+    options: list[EngineOptions] = field(default_factory=list)  # as every load was given them
 
     def open(self, model: str, options: EngineOptions, on_progress, release) -> FakeEngine:
+        self.options.append(options)
         for fraction, stage in ((0.0, "Finding the model"), (0.5, "Loading the weights"), (1.0, "Ready")):
             time.sleep(self.load_delay_s)
             on_progress(stage, fraction)

@@ -464,6 +464,44 @@ def test_a_cache_change_the_engine_refuses_is_said_and_not_kept(qtbot, window, m
     assert window.settings.engine == kept and window.context.settings_store.load().engine == kept
 
 
+def test_settings_accepted_while_the_model_loads_apply_once_it_has_loaded(qtbot, make_window, backend, monkeypatch) -> None:
+    def gate(dialog: SettingsDialog) -> int:
+        assert dialog.engine.model is None  # nothing loaded yet to show
+        dialog.engine.policy.setCurrentIndex(dialog.engine.policy.findData("gate"))
+        return QDialog.DialogCode.Accepted
+
+    backend.load_delay_s = 0.2
+    monkeypatch.setattr(SettingsDialog, "exec", gate)
+    window = make_window(wait_for_model=False)
+    assert window.client.busy_loading
+    window.action_settings.trigger()
+    assert window.status.currentMessage() == "The engine settings apply once the model has loaded."
+    qtbot.waitUntil(lambda: window.client.model is not None and window.client.model.policy == "gate", timeout=10_000)
+    # The load ran with the options it was asked with: the dialog changed the settings, not them.
+    assert backend.options[-1].policy == "seqmoe" and len(backend.engines) == 1  # reconfigured, not loaded again
+    assert window.context.settings_store.load().engine.policy == "gate"
+
+
+def test_a_budget_too_small_accepted_while_the_model_loads_is_refused_once_it_has_loaded(
+    qtbot, make_window, backend, monkeypatch
+) -> None:
+    # Saved, it failed every start: no model to check it against when the dialog took it.
+    def tiny_budget(dialog: SettingsDialog) -> int:
+        dialog.engine.budget.enabled_box.setChecked(True)
+        dialog.engine.budget.spin.setValue(0.001)
+        assert dialog.ok_button.isEnabled()
+        return QDialog.DialogCode.Accepted
+
+    backend.load_delay_s = 0.2
+    monkeypatch.setattr(SettingsDialog, "exec", tiny_budget)
+    window = make_window(wait_for_model=False)
+    window.action_settings.trigger()
+    qtbot.waitUntil(lambda: window.findChild(QMessageBox, "errorMessage") is not None, timeout=10_000)
+    assert "The settings are as they were." in window.findChild(QMessageBox, "errorMessage").text()
+    assert backend.options[-1].vram_budget_gb is None and window.client.model is not None
+    assert window.settings.engine.vram_budget_gb is None and window.context.settings_store.load().engine.vram_budget_gb is None
+
+
 def test_themes_switch_the_palette_and_are_remembered(qtbot, make_window) -> None:
     def message_text_lightness(window) -> int:
         return next(iter(window.chat.widgets.values())).body.palette().color(QPalette.ColorRole.Text).lightness()

@@ -4,7 +4,9 @@ budget applied to the real demo model between two generations without reloading 
 from __future__ import annotations
 
 import sqlite3
+import sys
 from dataclasses import replace
+from types import ModuleType
 
 import pytest
 from PySide6.QtCore import QEventLoop, QObject, QTimer, Slot
@@ -12,40 +14,42 @@ from seqmoe.budget import FREE_MEMORY_MARGIN, CacheGeometry
 from seqmoe.hardware import DEFAULT_SETUP
 from seqmoe.resources import demo_model_dir
 
-from seqmoe_chat.budget_slider import GB, BudgetSlider, describe_budget
+from seqmoe_chat import engine_import
+from seqmoe_chat.budget_slider import GIB, BudgetSlider, describe_budget
 from seqmoe_chat.engine_client import EngineClient
 from seqmoe_chat.engine_settings import EngineContext, context_text, engine_context, horizon_text, link_text
 from seqmoe_chat.panel.memory_monitor import GpuMemory, MemorySample
 from seqmoe_chat.settings_dialog import SettingsDialog
 from seqmoe_chat.store import ConversationStore, EngineOptions, SamplingSettings, Settings, open_database
 from seqmoe_chat.store.records import ASSISTANT, DONE
+from seqmoe_chat.store.settings import MAX_VRAM_BUDGET_GB
 from seqmoe_chat.store.speed_history import expected_speed, measured_speeds
 from seqmoe_chat.worker import ModelInfo
 
 from .test_chat import send, wait_idle
 
-GEOMETRY = CacheGeometry(total_experts=64, bytes_per_expert=50 * 2**20, resident_bytes=2 * GB, kv_bytes=GB // 2,
-                         workspace_bytes=GB // 2, top_k=2)
+GEOMETRY = CacheGeometry(total_experts=64, bytes_per_expert=50 * 2**20, resident_bytes=2 * GIB, kv_bytes=GIB // 2,
+                         workspace_bytes=GIB // 2, top_k=2)
 MODEL = ModelInfo("test-moe", "/models/test-moe", "cuda:0", "TestMoe", "seqmoe", 20, 64, GEOMETRY, 4, 16,
                   "cuda", 25.0, 4, max_horizon=4, context_tokens=8192, context_limit=32768)
 
 
 def test_the_slider_shows_slots_ratio_speed_and_fit_live(qtbot) -> None:
-    slider = BudgetSlider(MODEL, available_bytes=8 * GB, speeds={20: 12.0, 40: 20.0}, budget_gb=None,
+    slider = BudgetSlider(MODEL, available_bytes=8 * GIB, speeds={20: 12.0, 40: 20.0}, budget_gb=None,
                           cache_ratio=0.45)
     qtbot.addWidget(slider)
     slider.enabled_box.setChecked(True)
     # Initially at the budget that buys the current 20 slots.
     assert slider.slots.text() == "20 of 64 (cache ratio 0.31)" and "12.0 tok/s (measured at 20 slots)" in slider.speed.text()
-    slider.spin.setValue(GEOMETRY.budget_bytes_for(30) / GB + 0.001)
+    slider.spin.setValue(GEOMETRY.budget_bytes_for(30) / GIB + 0.001)
     assert slider.slots.text().startswith("30 of 64") and "16.0 tok/s (between the 20 and 40 slots measured)" in slider.speed.text()
-    assert slider.slider.value() == round(slider.spin.value() * GB / slider.unit)
+    assert slider.slider.value() == round(slider.spin.value() * GIB / slider.unit)
     assert slider.fit.text().startswith("Runs with SeqMoE: 47%")
     slider.slider.setValue(slider.slider.minimum())
     assert slider.fit.text().startswith("Too small") and slider.speed.text() == "–"
-    # 8 GB are free and the whole model takes 6.1 GB: the slider ends where everything fits.
+    # 8 GiB are free and the whole model takes 6.1 GiB: the slider ends where everything fits.
     slider.slider.setValue(slider.slider.maximum())
-    assert slider.spin.value() == pytest.approx(GEOMETRY.budget_bytes_for(64) / GB, abs=0.001)
+    assert slider.spin.value() == pytest.approx(GEOMETRY.budget_bytes_for(64) / GIB, abs=0.001)
     assert slider.fit.text().startswith("Fits entirely")
     assert slider.budget_gb() == round(slider.spin.value(), 3)
     slider.enabled_box.setChecked(False)
@@ -53,8 +57,8 @@ def test_the_slider_shows_slots_ratio_speed_and_fit_live(qtbot) -> None:
 
 
 def test_unchecked_on_a_gpu_the_cache_is_sized_to_the_free_vram(qtbot) -> None:
-    automatic = GEOMETRY.budget_bytes_for(40) + GB // 100
-    slider = BudgetSlider(MODEL, available_bytes=8 * GB, speeds={}, budget_gb=None, cache_ratio=0.45,
+    automatic = GEOMETRY.budget_bytes_for(40) + GIB // 100
+    slider = BudgetSlider(MODEL, available_bytes=8 * GIB, speeds={}, budget_gb=None, cache_ratio=0.45,
                           automatic_bytes=automatic)
     qtbot.addWidget(slider)
     assert slider.budget_gb() is None
@@ -63,26 +67,26 @@ def test_unchecked_on_a_gpu_the_cache_is_sized_to_the_free_vram(qtbot) -> None:
 
 
 def test_the_engine_page_knows_the_automatic_budget_on_a_gpu_only() -> None:
-    gpu = GpuMemory("Test GPU", total=24 * GB, used=10 * GB, this_process=4 * GB, pcie_rx_bytes_per_s=None)
+    gpu = GpuMemory("Test GPU", total=24 * GIB, used=10 * GIB, this_process=4 * GIB, pcie_rx_bytes_per_s=None)
     sample = MemorySample(gpu, "", None, "")
     on_gpu = engine_context(MODEL, sample, sqlite3.connect(":memory:"))
-    assert on_gpu.available_bytes == 18 * GB
-    assert on_gpu.automatic_bytes == 4 * GB + int((1 - FREE_MEMORY_MARGIN) * 14 * GB)
+    assert on_gpu.available_bytes == 18 * GIB
+    assert on_gpu.automatic_bytes == 4 * GIB + int((1 - FREE_MEMORY_MARGIN) * 14 * GIB)
     on_cpu = engine_context(replace(MODEL, device="cpu"), sample, sqlite3.connect(":memory:"))
     assert on_cpu.available_bytes is None and on_cpu.automatic_bytes is None
 
 
 def test_the_slider_stops_at_the_available_vram_and_says_not_measured_yet(qtbot) -> None:
-    slider = BudgetSlider(MODEL, available_bytes=4 * GB, speeds={}, budget_gb=3.5, cache_ratio=0.45)
+    slider = BudgetSlider(MODEL, available_bytes=4 * GIB, speeds={}, budget_gb=3.5, cache_ratio=0.45)
     qtbot.addWidget(slider)
     assert slider.spin.maximum() == pytest.approx(4.0) and slider.speed.text() == "not measured yet"
     assert slider.spin.singleStep() == pytest.approx(0.05)
     slider.slider.setValue(slider.slider.maximum())
-    assert slider.fit.text().startswith("Runs with SeqMoE")  # 4 GB never holds all 64 experts
+    assert slider.fit.text().startswith("Runs with SeqMoE")  # 4 GiB never holds all 64 experts
 
 
 def test_without_a_model_the_budget_can_still_be_set() -> None:
-    assert describe_budget(None, 4 * GB, {})[0] == "load a model to see what a budget buys"
+    assert describe_budget(None, 4 * GIB, {})[0] == "load a model to see what a budget buys"
     assert horizon_text(None) == "shown once a model is loaded"
     assert horizon_text(replace(MODEL, policy="lru", predictor_horizon=None)) == "none: the lru policy does not forecast"
     assert horizon_text(MODEL) == "now 4 MoE layers ahead with the seqmoe policy; this model's predictor reaches 4"
@@ -99,7 +103,7 @@ def test_the_context_note_says_when_the_model_limits_the_context() -> None:
 def test_a_horizon_the_dialog_cannot_show_is_kept(qtbot, model) -> None:
     # No model loaded, or one whose predictor reaches a single layer: the box shows 1.
     settings = Settings(engine=EngineOptions(policy="seqmoe", horizon=2))
-    dialog = SettingsDialog(settings, engine=EngineContext(model, 8 * GB, lambda policy: {}))
+    dialog = SettingsDialog(settings, engine=EngineContext(model, 8 * GIB, lambda policy: {}))
     qtbot.addWidget(dialog)
     dialog.apply_to(settings)
     assert settings.engine.horizon == 2
@@ -109,7 +113,7 @@ def test_a_budget_beyond_what_this_models_box_shows_is_kept_unless_changed(qtbot
     # Chosen with a larger model loaded; lowered to this model's top, going back to the larger
     # one would have found its budget too small.
     settings = Settings(engine=EngineOptions(vram_budget_gb=8.0))
-    dialog = SettingsDialog(settings, engine=EngineContext(MODEL, 8 * GB, lambda policy: {}))
+    dialog = SettingsDialog(settings, engine=EngineContext(MODEL, 8 * GIB, lambda policy: {}))
     qtbot.addWidget(dialog)
     assert dialog.engine.budget.spin.value() < 8.0
     dialog.apply_to(settings)
@@ -120,7 +124,7 @@ def test_a_budget_beyond_what_this_models_box_shows_is_kept_unless_changed(qtbot
 
 
 def test_a_cuda_gpu_that_pytorch_here_cannot_use_cannot_be_saved(qtbot) -> None:
-    dialog = SettingsDialog(Settings(), engine=EngineContext(MODEL, 8 * GB, lambda policy: {}, cuda=False))
+    dialog = SettingsDialog(Settings(), engine=EngineContext(MODEL, 8 * GIB, lambda policy: {}, cuda=False))
     qtbot.addWidget(dialog)
     dialog.engine.device.setCurrentIndex(dialog.engine.device.findData("cuda"))
     assert not dialog.ok_button.isEnabled() and "cannot use a CUDA GPU" in dialog.refusal.text()
@@ -130,6 +134,18 @@ def test_a_cuda_gpu_that_pytorch_here_cannot_use_cannot_be_saved(qtbot) -> None:
     qtbot.addWidget(unknown)
     unknown.engine.device.setCurrentIndex(unknown.engine.device.findData("cuda"))
     assert unknown.ok_button.isEnabled()
+
+
+def test_settings_opened_while_the_engine_is_first_imported_leave_the_half_imported_pytorch_alone(monkeypatch) -> None:
+    # The engine's thread imports PyTorch as the first model loads: until then sys.modules holds a
+    # torch without torch.cuda, and Settings opened in the first seconds did nothing but raise.
+    monkeypatch.setattr(engine_import, "_imported", False, raising=False)
+    monkeypatch.setitem(sys.modules, "torch", ModuleType("torch"))
+    no_gpu = MemorySample(None, "no GPU", None, "")
+    assert engine_context(None, no_gpu, sqlite3.connect(":memory:")).cuda is None
+    monkeypatch.undo()
+    engine_import.import_engine()  # whole now, in this process already
+    assert engine_import.engine_imported() and isinstance(engine_context(None, no_gpu, sqlite3.connect(":memory:")).cuda, bool)
 
 
 def test_the_link_note_says_what_the_emulated_link_runs_at() -> None:
@@ -172,7 +188,7 @@ def test_expected_speed_from_measurements() -> None:
 
 def test_the_dialog_applies_every_setting(qtbot) -> None:
     settings = Settings(sampling=SamplingSettings(temperature=0.0))
-    dialog = SettingsDialog(settings, engine=EngineContext(MODEL, 8 * GB, lambda policy: {}))
+    dialog = SettingsDialog(settings, engine=EngineContext(MODEL, 8 * GIB, lambda policy: {}))
     qtbot.addWidget(dialog)
     page = dialog.engine
     page.policy.setCurrentIndex(page.policy.findData("gate"))
@@ -209,15 +225,15 @@ def test_the_dialog_applies_every_setting(qtbot) -> None:
 
 def test_a_budget_below_the_models_minimum_cannot_be_saved(qtbot) -> None:
     # Saved, it would make the model fail to load at every start until the box was unticked.
-    dialog = SettingsDialog(Settings(), engine=EngineContext(MODEL, 8 * GB, lambda policy: {}))
+    dialog = SettingsDialog(Settings(), engine=EngineContext(MODEL, 8 * GIB, lambda policy: {}))
     qtbot.addWidget(dialog)
     budget = dialog.engine.budget
     budget.enabled_box.setChecked(True)
     assert dialog.ok_button.isEnabled()
-    budget.spin.setValue(GEOMETRY.budget_bytes_for(GEOMETRY.minimum_slots) / GB - 0.002)
+    budget.spin.setValue(GEOMETRY.budget_bytes_for(GEOMETRY.minimum_slots) / GIB - 0.002)
     assert not dialog.ok_button.isEnabled()
     assert not dialog.refusal.isHidden() and "below the minimum test-moe needs" in dialog.refusal.text()
-    budget.spin.setValue(GEOMETRY.budget_bytes_for(GEOMETRY.minimum_slots) / GB + 0.001)
+    budget.spin.setValue(GEOMETRY.budget_bytes_for(GEOMETRY.minimum_slots) / GIB + 0.001)
     assert dialog.ok_button.isEnabled() and dialog.refusal.isHidden()
     budget.slider.setValue(budget.slider.minimum())
     assert not dialog.ok_button.isEnabled()
@@ -237,7 +253,7 @@ def test_a_budget_below_the_models_minimum_cannot_be_saved(qtbot) -> None:
 def test_accepted_settings_reconfigure_the_loaded_model_and_are_saved(qtbot, window, backend, monkeypatch) -> None:
     def accept(dialog: SettingsDialog) -> int:
         dialog.engine.budget.enabled_box.setChecked(True)
-        dialog.engine.budget.spin.setValue(GEOMETRY_OF_FAKE.budget_bytes_for(6) / GB + 0.0005)
+        dialog.engine.budget.spin.setValue(GEOMETRY_OF_FAKE.budget_bytes_for(6) / GIB + 0.0005)
         return 1
 
     GEOMETRY_OF_FAKE = backend.engines[-1].geometry
@@ -320,7 +336,7 @@ def test_the_budget_resizes_the_demo_models_cache_between_generations(qtbot, dem
     first = collector.wait_for(qtbot, demo_client.generate(messages, greedy))[2]
     assert first.stats["cache_slots"] == before.cache_slots
     geometry = before.geometry
-    budget = (geometry.budget_bytes_for(before.cache_slots * 2) + geometry.bytes_per_expert // 2) / GB  # mid-slot
+    budget = (geometry.budget_bytes_for(before.cache_slots * 2) + geometry.bytes_per_expert // 2) / GIB  # mid-slot
     options = EngineOptions(device="cpu", policy="seqmoe", vram_budget_gb=budget)
     # Asked for while a reply runs: the resize waits for it.
     running = demo_client.generate(messages, greedy)
@@ -328,7 +344,7 @@ def test_the_budget_resizes_the_demo_models_cache_between_generations(qtbot, dem
     _, _, after = collector.wait_for(qtbot, resize)
     assert [event[1] for event in collector.events[1:]] == [running, resize]
     assert collector.events[1][2].stats["cache_slots"] == before.cache_slots
-    assert after.cache_slots == before.geometry.slots_for_budget(int(options.vram_budget_gb * GB))
+    assert after.cache_slots == before.geometry.slots_for_budget(int(options.vram_budget_gb * GIB))
     assert after.cache_slots == 2 * before.cache_slots == demo_client.model.cache_slots
     second = collector.wait_for(qtbot, demo_client.generate(messages, greedy))[2]
     assert second.stats["cache_slots"] == after.cache_slots
@@ -357,7 +373,7 @@ def test_a_budget_below_the_minimum_is_refused_and_the_cache_kept(qtbot, demo_cl
 
 
 def test_with_experts_smaller_than_the_spin_boxs_steps_every_slider_step_buys_one_more_slot(qtbot) -> None:
-    # The demo model's shape: 128 experts of 108 KiB, about 0.0001 GB each.
+    # The demo model's shape: 128 experts of 108 KiB, about 0.0001 GiB each.
     tiny = CacheGeometry(total_experts=128, bytes_per_expert=110_592, resident_bytes=3_276_800, kv_bytes=3_145_728,
                          workspace_bytes=16 * 2**20, top_k=2)
     model = replace(MODEL, geometry=tiny, total_experts=128, cache_slots=58)
@@ -369,8 +385,8 @@ def test_with_experts_smaller_than_the_spin_boxs_steps_every_slider_step_buys_on
     for step in range(slider.slider.minimum(), slider.slider.maximum() + 1):
         slider.slider.setValue(step)
         saved = slider.budget_gb()
-        # What is saved is what the engine sizes its cache by: int(GB * 2**30) bytes.
-        bought.append(tiny.slots_for_budget(int(saved * GB)) if step >= tiny.minimum_slots else None)
+        # What is saved is what the engine sizes its cache by: int(GiB * 2**30) bytes.
+        bought.append(tiny.slots_for_budget(int(saved * GIB)) if step >= tiny.minimum_slots else None)
         assert slider.slider.value() == step and (step < tiny.minimum_slots or slider.slots.text().startswith(f"{step} of"))
     assert bought[tiny.minimum_slots:] == list(range(tiny.minimum_slots, 129))
     # The spin box's arrows move one slot too, in both directions.
@@ -378,4 +394,49 @@ def test_with_experts_smaller_than_the_spin_boxs_steps_every_slider_step_buys_on
     slider.spin.stepBy(1)
     assert slider.slots.text().startswith("41 of") and slider.slider.value() == 41
     slider.spin.stepBy(-3)
-    assert slider.slots.text().startswith("38 of") and tiny.slots_for_budget(int(slider.budget_gb() * GB)) == 38
+    assert slider.slots.text().startswith("38 of") and tiny.slots_for_budget(int(slider.budget_gb() * GIB)) == 38
+
+
+# OLMoE's shape: 12 MiB experts, so the slider steps by a MB and its top, every expert, is no whole step.
+OLMOE = CacheGeometry(total_experts=1024, bytes_per_expert=12 * 2**20, resident_bytes=2 * 10**9, kv_bytes=2**22,
+                      workspace_bytes=2**26, top_k=8)
+
+
+def test_the_sliders_right_end_holds_every_expert(qtbot) -> None:
+    slider = BudgetSlider(replace(MODEL, geometry=OLMOE, total_experts=1024, cache_slots=512), available_bytes=None,
+                          speeds={}, budget_gb=None, cache_ratio=0.45)
+    qtbot.addWidget(slider)
+    slider.enabled_box.setChecked(True)
+    slider.slider.setValue(slider.slider.maximum())
+    assert slider.slots.text() == "1024 of 1024 (cache ratio 1.00)" and slider.fit.text().startswith("Fits entirely")
+    assert OLMOE.slots_for_budget(int(slider.budget_gb() * GIB)) == 1024
+    slider.slider.setValue(slider.slider.maximum() - 1)
+    assert slider.slots.text().startswith("1023 of 1024")
+    slider.spin.setValue(slider.spin.maximum())  # the box's top is the slider's right end
+    assert slider.slider.value() == slider.slider.maximum()
+
+
+@pytest.mark.parametrize("geometry", [
+    replace(OLMOE, bytes_per_expert=0),  # no expert bytes: no count of them to buy
+    replace(OLMOE, total_experts=10**6, bytes_per_expert=4 * GIB),  # 4 PiB of experts
+    replace(OLMOE, total_experts=2**40, bytes_per_expert=1),  # more experts than a slider has steps
+    replace(OLMOE, resident_bytes=2**52),  # more than any budget the settings keep
+])
+def test_the_slider_opens_for_any_model_and_offers_only_budgets_the_settings_keep(qtbot, geometry) -> None:
+    slider = BudgetSlider(replace(MODEL, geometry=geometry, total_experts=geometry.total_experts, cache_slots=3),
+                          available_bytes=None, speeds={}, budget_gb=None, cache_ratio=0.45)
+    qtbot.addWidget(slider)
+    slider.enabled_box.setChecked(True)
+    for step in (slider.slider.minimum(), slider.slider.maximum()):
+        slider.slider.setValue(step)
+        assert 0 < slider.budget_gb() <= MAX_VRAM_BUDGET_GB + 0.001 and slider.slots.text()
+
+
+def test_a_tiny_models_least_budget_shows_its_significant_digits() -> None:
+    # A test model's least budget is millionths of a GiB: four decimals showed it as 0.0000.
+    tiny = CacheGeometry(total_experts=16, bytes_per_expert=100, resident_bytes=10_000, kv_bytes=100, workspace_bytes=100,
+                         top_k=2)
+    model = replace(MODEL, geometry=tiny, total_experts=16)
+    assert describe_budget(model, 0, {})[2] == "Too small: test-moe needs at least 0.00000978 GiB."
+    assert tiny.slots_for_budget(int(0.00000978 * GIB)) == tiny.minimum_slots
+    assert describe_budget(MODEL, 0, {})[2] == "Too small: test-moe needs at least 3.147 GiB."

@@ -166,11 +166,19 @@ def test_a_damaged_or_foreign_file_gives_the_defaults_and_is_kept_aside(tmp_path
 @pytest.mark.parametrize("engine", [
     {"context_tokens": 2**31}, {"context_tokens": 2**20 + 1}, {"horizon": 2**31}, {"horizon": 10**12},
     {"link_gbps": 1e6}, {"link_gbps": 0.001},
+    # The engine refused it at every load; the dialog showed the slider's top and saved it back.
+    {"vram_budget_gb": 1e300}, {"vram_budget_gb": 1024.5},
 ])
 def test_engine_values_beyond_the_settings_dialogs_ranges_keep_their_defaults(tmp_path: Path, engine: dict) -> None:
     path = tmp_path / SETTINGS_NAME
     path.write_text(json.dumps({"format": SETTINGS_FORMAT, "version": SCHEMA_VERSION, "engine": engine}))
     assert SettingsStore(path).load().engine == EngineOptions()
+
+
+def test_a_budget_up_to_the_sliders_top_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / SETTINGS_NAME
+    path.write_text(json.dumps({"format": SETTINGS_FORMAT, "version": SCHEMA_VERSION, "engine": {"vram_budget_gb": 1024}}))
+    assert SettingsStore(path).load().engine.vram_budget_gb == 1024
 
 
 def test_a_newer_file_still_gives_the_values_this_version_knows(tmp_path: Path) -> None:

@@ -154,6 +154,15 @@ def test_too_small_a_cache_is_refused_with_the_engines_message(worker: EngineWor
     assert "cache" in reason.lower() and "unexpectedly" not in reason
 
 
+def test_a_budget_too_small_names_its_figure_and_where_to_change_it(worker: EngineWorker, tiny_model: Path) -> None:
+    # Saved, it failed every start saying "a budget of 0.00 GiB", and not where the budget is set.
+    recorder = Recorder(worker)
+    worker.load(1, str(tiny_model), EngineOptions(vram_budget_gb=0.001))
+    ((_, reason, _kept),) = recorder.of("sig_load_failed")
+    assert reason.startswith("a budget of 0.001 GiB leaves 0 expert slots")
+    assert reason.endswith("Change the VRAM budget in Settings ▸ Engine, then load the model again.")
+
+
 def test_a_long_conversation_is_trimmed_to_the_models_context(worker: EngineWorker, tiny_model: Path) -> None:
     recorder = Recorder(worker)
     worker.load(1, str(tiny_model), EngineOptions())

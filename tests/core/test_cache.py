@@ -285,6 +285,11 @@ def test_budget_below_minimum_names_the_minimum() -> None:
         geometry().slots_for_budget(16 * 2**20 + 2 * 2**20)
     with pytest.raises(BudgetTooSmall, match="a budget of 0.01 GiB .* at least 0.02 GiB"):
         geometry().slots_for_budget(12 * 2**20)
+    # A budget saved as 0.001 read "a budget of 0.00 GiB", as if none were set.
+    with pytest.raises(BudgetTooSmall, match="a budget of 0.001 GiB .* at least 0.02 GiB"):
+        geometry().slots_for_budget(int(0.001 * 2**30))
+    with pytest.raises(BudgetTooSmall, match="a budget of 0.000001 GiB .* at least 0.02 GiB"):
+        geometry().slots_for_budget(int(0.000001 * 2**30))
     with pytest.raises(BudgetTooSmall):
         geometry().slots_for_ratio(0.0)
     # The least ratio named is the least of two decimals that works, as slots are rounded to the nearest.

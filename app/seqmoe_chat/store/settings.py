@@ -38,6 +38,9 @@ DEFAULT_CONTEXT_TOKENS = 4096  # the engine's own default (seqmoe.budget)
 CONTEXT_TOKENS = (256, 2**20)
 """The settings dialog's range; beyond a model's own limit the engine holds that limit."""
 LINK_GBPS = (0.01, 1000.0)
+MAX_VRAM_BUDGET_GB = 1024.0
+"""The budget slider's top, in GiB (2**30 bytes, as the engine counts): more than any GPU holds.
+A larger budget read from the file is dropped: the dialog would show its top and save it back."""
 MAX_HORIZON = 2**31 - 1  # a spin box's int; the engine forecasts no farther than the predictor anyway
 PANEL_HZ = (1, 10)  # the live panel refreshes at most 10 times a second
 # Measured with tools/measure_panel.py: at 10 a second the panel cost the GUI thread about 6% of a
@@ -88,7 +91,8 @@ class EngineOptions:
             options.policy = defaults.policy
         if not is_number(options.cache_ratio) or not 0 < options.cache_ratio <= 1:
             options.cache_ratio = defaults.cache_ratio
-        if options.vram_budget_gb is not None and not (is_number(options.vram_budget_gb) and options.vram_budget_gb > 0):
+        if options.vram_budget_gb is not None and not (
+                is_number(options.vram_budget_gb) and 0 < options.vram_budget_gb <= MAX_VRAM_BUDGET_GB):
             options.vram_budget_gb = None
         if options.link_setup is not None and not isinstance(options.link_setup, str):
             options.link_setup = defaults.link_setup
