@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import sqlite3
 import sys
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
 from .app_metadata import app_version
+from .export_destination import refusal
 from .paths import data_dir
 from .store import DATABASE_NAME, ConversationStore, DatabaseUnavailable, open_database
 from .transcripts.export import FORMAT_NAMES, write_export
@@ -50,19 +52,42 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--conversation", type=int, metavar="ID", help="the conversation's id (see `list`)")
     which.add_argument("--all", action="store_true", help="every conversation, in one file")
     export.add_argument("--format", choices=list(FORMAT_NAMES), required=True)
-    export.add_argument("--out", type=Path, required=True, help="the file to write")
+    export.add_argument("--out", type=_file_name, required=True, help="the file to write")
+    export.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the file at --out if there is one (never a folder, link, pipe, device or the chat database)",
+    )
     imported = commands.add_parser("import", help="add the conversations of a JSON transcript")
     imported.add_argument("file", type=Path)
-    commands.add_parser("list", help="print each conversation's id and title")
+    commands.add_parser(
+        "list", help="print each conversation's id and title, one a line (control characters escaped, as \\n)"
+    )
     return parser
+
+
+def _file_name(text: str) -> Path:
+    # Path("") is ".", the current folder: the export then failed with a word about a busy device.
+    if not text:
+        raise argparse.ArgumentTypeError("an empty file name")
+    return Path(text)
 
 
 def run_command(args: argparse.Namespace) -> int:
     """Run ``export``, ``import`` or ``list``; messages for people go to stderr."""
+    folder = data_dir(args.data_dir)
     try:
-        opened = open_database(data_dir(args.data_dir) / DATABASE_NAME)
+        opened = open_database(folder / DATABASE_NAME)
     except DatabaseUnavailable as error:
         print(f"seqmoe-chat: {error}", file=sys.stderr)
+        return 1
+    except (OSError, sqlite3.Error) as error:  # the folder is a file, is under one, refuses this user, is full
+        if isinstance(error, FileExistsError):
+            reason = "it is not a folder"
+        else:
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        print(f"seqmoe-chat: the data folder {folder} cannot be used: {reason}; choose another with --data-dir "
+              "or SEQMOE_CHAT_DATA_DIR", file=sys.stderr)
         return 1
     if opened.notice:
         print(opened.notice, file=sys.stderr)
@@ -70,16 +95,34 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         if args.command == "list":
             for summary in store.summaries():
-                print(f"{summary.id}\t{summary.title}")
+                print(f"{summary.id}\t{_one_line(summary.title)}")
             return 0
         if args.command == "import":
             return _import(store, args.file)
-        return _export(store, args)
+        return _export(store, opened.path, args)
     finally:
         opened.connection.close()
 
 
-def _export(store: ConversationStore, args: argparse.Namespace) -> int:
+_REORDERING = {"LRE", "RLE", "LRO", "RLO", "PDF", "LRI", "RLI", "FSI", "PDI"}
+"""Unicode's explicit direction controls: printed raw, they reorder the rest of a terminal's line."""
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line, unambiguously: controls (a line break, a tab, a terminal's escape),
+    line and paragraph separators, direction controls and the backslash, escaped as in a Python
+    string; in a title they made a row look like two, or showed other text than was stored."""
+    return "".join(
+        repr(character)[1:-1]
+        if character == "\\"
+        or unicodedata.category(character) in ("Cc", "Zl", "Zp")
+        or unicodedata.bidirectional(character) in _REORDERING
+        else character
+        for character in text
+    )
+
+
+def _export(store: ConversationStore, database: Path, args: argparse.Namespace) -> int:
     if args.all:
         ids = [summary.id for summary in store.summaries()]
     elif store.exists(args.conversation):
@@ -87,6 +130,13 @@ def _export(store: ConversationStore, args: argparse.Namespace) -> int:
     else:
         print(f"seqmoe-chat: there is no conversation {args.conversation} (see `seqmoe-chat list`)", file=sys.stderr)
         return 2
+    if not ids:  # an empty file written over an earlier export
+        print("seqmoe-chat: there are no conversations to export; nothing was written", file=sys.stderr)
+        return 2
+    refused = refusal(args.out, database, args.force)
+    if refused:
+        print(f"seqmoe-chat: {refused}", file=sys.stderr)
+        return 1
     try:
         write_export(args.out, load_transcripts(store, ids), args.format)
     except OSError as error:
@@ -108,6 +158,9 @@ def _import(store: ConversationStore, file: Path) -> int:
     except sqlite3.Error as error:
         print(f"seqmoe-chat: the chat database refused the import ({error}); nothing was imported", file=sys.stderr)
         return 1
+    if not ids:
+        print(f"imported nothing: {file} holds no conversations", file=sys.stderr)
+        return 0
     print(f"imported {len(ids)} conversation(s): {', '.join(map(str, ids))}", file=sys.stderr)
     return 0
 

@@ -1,5 +1,5 @@
 """Starting and leaving the app: a data folder that cannot be written, one another app runs on and
-a database another program holds are said, reference cycles are collected on the GUI thread alone, and ending that leaves no Qt lock waiting for itself."""
+a database another program holds or a newer version wrote are said, reference cycles are collected on the GUI thread alone, and ending that leaves no Qt lock waiting for itself."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from PySide6.QtCore import QLockFile
 from PySide6.QtWidgets import QLabel
 
 import seqmoe_chat.store.database
-from seqmoe_chat import dialogs
+from seqmoe_chat import dialogs, main_window
 from seqmoe_chat.application import INSTANCE_LOCK_NAME, garbage_collected_on_this_thread, run_app
 from seqmoe_chat.store import DATABASE_NAME, ConversationStore, open_database
+from seqmoe_chat.store.migrations import SCHEMA_VERSION
 
 
 class Cycle:
@@ -146,3 +147,23 @@ def test_a_chat_database_another_program_holds_is_said_and_left_where_it_is(qtbo
     assert len(shown) == 1 and "is in use by another program" in shown[0]
     assert not list(folder.glob("*.broken-*"))
     assert [s.title for s in ConversationStore(open_database(folder / DATABASE_NAME).connection).summaries()] == ["Keep me"]
+
+
+def _no_window(*_args: object) -> None:
+    raise AssertionError("the app started")
+
+
+def test_a_chat_database_a_newer_version_wrote_is_said_and_left_as_it_is(qtbot, tmp_path, monkeypatch) -> None:
+    # Moved aside, the app started with an empty one, which the newer version then opened: chats gone.
+    folder = tmp_path / "data"
+    opened = open_database(folder / DATABASE_NAME)
+    ConversationStore(opened.connection).create("Keep me")
+    opened.connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    opened.connection.close()
+    before = (folder / DATABASE_NAME).read_bytes()
+    shown: list[str] = []
+    monkeypatch.setattr(dialogs, "show_fatal", lambda title, text: shown.append(text))
+    monkeypatch.setattr(main_window, "MainWindow", _no_window)  # a window on the empty one would wait for its user
+    assert run_app(folder, None) == 1
+    assert len(shown) == 1 and "was written by a newer SeqMoE Chat" in shown[0]
+    assert (folder / DATABASE_NAME).read_bytes() == before and not list(folder.glob("*.broken-*"))

@@ -144,14 +144,34 @@ def test_a_database_of_another_app_is_moved_aside_and_a_fresh_one_starts(tmp_pat
     assert opened.notice and "could not be opened" in opened.notice
     assert ConversationStore(opened.connection).summaries() == [] and list(tmp_path.glob("chats.sqlite3.broken-*"))
 
-def test_a_database_from_a_newer_app_is_kept_aside(tmp_path: Path) -> None:
+def _future_table(connection: sqlite3.Connection) -> None:
+    """A table in SQL that this SQLite cannot parse, as a newer app's SQLite may write."""
+    connection.execute("PRAGMA writable_schema = ON")
+    connection.execute("INSERT INTO sqlite_master VALUES "
+                       "('table', 'future', 'future', 0, 'CREATE TABLE future (a) WITH FUTURE')")
+    connection.execute("PRAGMA writable_schema = OFF")
+
+
+@pytest.mark.parametrize("future_sql", [False, True], ids=["tables it reads", "tables it cannot parse"])
+def test_a_database_from_a_newer_app_is_left_as_it_is_and_said(tmp_path: Path, future_sql: bool) -> None:
+    # Moved aside as broken, a new empty one stood in its place, and the newer app, started
+    # again, opened that one: every chat seemed gone.
     path = tmp_path / "chats.sqlite3"
-    connection = open_database(path).connection
-    connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    connection.close()
     opened = open_database(path)
-    assert opened.notice and "newer" in opened.notice
-    assert schema_version(opened.connection) == SCHEMA_VERSION
+    ConversationStore(opened.connection).create("Keep me")
+    if future_sql:
+        _future_table(opened.connection)
+    opened.connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    opened.connection.close()
+    before = path.read_bytes()
+    with pytest.raises(DatabaseUnavailable) as refused:
+        open_database(path)
+    assert str(refused.value) == (
+        f"The chat database {path} was written by a newer SeqMoE Chat (schema {SCHEMA_VERSION + 1}; this version "
+        f"reads up to {SCHEMA_VERSION}); it was left as it is. Update SeqMoE Chat, or choose another data folder "
+        "with --data-dir or SEQMOE_CHAT_DATA_DIR."
+    )
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["chats.sqlite3"]
 
 
 def test_messages_form_a_thread_and_conversation_settings_are_kept(store: ConversationStore) -> None:

@@ -62,6 +62,8 @@ class ConversationStore:
         return _conversation(row)
 
     def exists(self, conversation_id: int) -> bool:
+        if not -(2**63) <= conversation_id < 2**63:
+            return False  # past SQLite's 64-bit integers no row can be; asked, SQLite raised OverflowError
         query = "SELECT 1 FROM conversations WHERE id = ? AND deleted_at IS NULL"
         return self.connection.execute(query, (conversation_id,)).fetchone() is not None
 

@@ -1,12 +1,14 @@
 """Opening the chat database: WAL mode, migrations, and recovery from a broken file.
 
-A database that cannot be used (damaged, no database at all, its schema another app's or a
-newer version's) is renamed, never deleted, and the app starts with a fresh one and tells the
-user. A sound one that the computer keeps out of reach for now is left where it is, and the app
-says why it cannot open it (``DatabaseUnavailable``) instead of starting without the user's
-chats: another program holds it locked, it is read-only, the disk is full, the folder refuses
-access, an I/O error. Moved aside for those, it was gone from the next start once the cause was
-gone (a new, empty database stood in its place, and nothing said where the old one went).
+A database that cannot be used (damaged, no database at all, its schema another app's) is
+renamed, never deleted, and the app starts with a fresh one and tells the user. A sound one that
+the computer keeps out of reach for now is left where it is, and the app says why it cannot open
+it (``DatabaseUnavailable``) instead of starting without the user's chats: another program holds
+it locked, it is read-only, the disk is full, the folder refuses access, an I/O error. Moved aside
+for those, it was gone from the next start once the cause was gone (a new, empty database stood
+in its place, and nothing said where the old one went). A database that a newer version of the
+app wrote is left as it is too, and said the same way: moved aside, the newer version, started
+again, found the empty one in its place and the user's chats seemed gone.
 """
 
 from __future__ import annotations
@@ -17,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..models.json_file import broken_name
-from .migrations import migrate
+from .migrations import SchemaTooNew, migrate, refuse_newer
 from .transactions import transaction
 
 DATABASE_NAME = "chats.sqlite3"
 BUSY_TIMEOUT_S = 2.0
-_COMPANIONS = ("", "-wal", "-shm")
 
 
 class DatabaseUnavailable(sqlite3.OperationalError):
@@ -34,7 +35,7 @@ _OUT_OF_REACH = (
     sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_NOLFS, sqlite3.SQLITE_AUTH,
 )
 """SQLite's primary codes for a sound file the computer keeps out of reach for now: left as it is.
-Any other failure (damage, no database, a schema of a newer or another app) is the file's own."""
+Any other failure (damage, no database, another app's schema) is the file's own."""
 
 
 @dataclass
@@ -44,10 +45,21 @@ class OpenedDatabase:
     notice: str | None = None  # for the user, when the old file had to be moved aside
 
 
+def database_files(path: Path) -> list[Path]:
+    """The files of the database at ``path``: itself, its write-ahead log and its shared memory."""
+    return [Path(f"{path}{suffix}") for suffix in ("", "-wal", "-shm")]
+
+
 def open_database(path: Path) -> OpenedDatabase:
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         return OpenedDatabase(_connect(path), path)
+    except SchemaTooNew as error:
+        raise DatabaseUnavailable(
+            f"The chat database {path} was written by a newer SeqMoE Chat (schema {error.version}; this version "
+            f"reads up to {error.readable}); it was left as it is. Update SeqMoE Chat, or choose another data "
+            "folder with --data-dir or SEQMOE_CHAT_DATA_DIR."
+        ) from None
     except sqlite3.DatabaseError as error:
         code = getattr(error, "sqlite_errorcode", 0) & 0xFF  # the primary code of an extended one
         if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
@@ -86,6 +98,8 @@ def _connect(path: Path) -> sqlite3.Connection:
     # "a streaming reply is saved every second" needs.
     connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
     try:
+        # First, before anything is written or the tables are parsed: a newer app's file stays as it is.
+        refuse_newer(connection)
         if connection.execute("PRAGMA journal_mode=WAL").fetchone()[0].lower() != "wal":
             raise sqlite3.DatabaseError("write-ahead logging is unavailable")
         # NORMAL keeps every commit after an app crash; only a power cut may lose the last ones.
@@ -109,7 +123,7 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 def _move(source: Path, target: Path) -> None:
     """The database at ``source`` and its companion files, to ``target``, over what is there."""
-    for suffix in _COMPANIONS:
-        Path(f"{target}{suffix}").unlink(missing_ok=True)
-        if Path(f"{source}{suffix}").exists():
-            os.replace(Path(f"{source}{suffix}"), Path(f"{target}{suffix}"))
+    for moved, replaced in zip(database_files(source), database_files(target)):
+        replaced.unlink(missing_ok=True)
+        if moved.exists():
+            os.replace(moved, replaced)

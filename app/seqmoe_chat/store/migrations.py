@@ -51,16 +51,28 @@ SCHEMA_VERSION = len(MIGRATIONS)
 class SchemaTooNew(sqlite3.DatabaseError):
     """The database was written by a newer version of the app."""
 
+    def __init__(self, version: int, readable: int) -> None:
+        super().__init__(f"its schema version {version} is newer than this app's {readable}")
+        self.version = version
+        self.readable = readable
+
 
 def schema_version(connection: sqlite3.Connection) -> int:
     return int(connection.execute("PRAGMA user_version").fetchone()[0])
 
 
+def refuse_newer(connection: sqlite3.Connection, readable: int = SCHEMA_VERSION) -> int:
+    """The database's schema version; ``SchemaTooNew`` when it is above ``readable``. Reading it
+    needs only the file's header: a newer app's tables may use SQL this SQLite cannot parse."""
+    version = schema_version(connection)
+    if version > readable:
+        raise SchemaTooNew(version, readable)
+    return version
+
+
 def migrate(connection: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIONS) -> None:
     """Apply the migrations this database has not had yet, each in its own transaction."""
-    version = schema_version(connection)
-    if version > len(migrations):
-        raise SchemaTooNew(f"its schema version {version} is newer than this app's {len(migrations)}")
+    version = refuse_newer(connection, len(migrations))
     for number in range(version, len(migrations)):
         with transaction(connection):
             for statement in migrations[number]:
