@@ -57,6 +57,7 @@ class EngineClient(QObject):
 
     def load(self, model: str, options: EngineOptions) -> int:
         self.cancel_load()
+        long_lived.thaw()  # the model going may leave cycles among them: collected while the new one loads
         self.model = None
         self.loading_id = next(self._ids)
         # A copy, as for a reconfigure: the worker reads it for seconds while the settings may change.
@@ -86,6 +87,7 @@ class EngineClient(QObject):
 
     def unload(self) -> None:
         self.cancel_load()
+        long_lived.thaw()
         # Gone for every request sent from now on, as load() does: a reply asked for before the
         # worker confirms must load the model again, not find it missing.
         self.model = None

@@ -5,12 +5,18 @@ process, and a full collection walks every one of them on the GUI thread (the on
 collects: ``application.garbage_collected_on_this_thread``): 180 to 240 ms each on a 2-core
 machine, a stutter in a streaming reply. Frozen once a model has loaded or gone
 (``gc.freeze``), they are skipped. What among them turns to garbage later (a closed
-dialog's reference cycles) waits for the next change of model, which unfreezes first.
+dialog's reference cycles) waits for the next change of model, which unfreezes as it is asked
+for: a cycle that reached the model going is collected before the next one is in memory too.
 """
 
 from __future__ import annotations
 
 import gc
+
+
+def thaw() -> None:
+    """Let collections find the frozen objects again; on the GUI thread."""
+    gc.unfreeze()
 
 
 def settle() -> None:

@@ -197,15 +197,20 @@ def load_engine(args: argparse.Namespace):
     return Engine(loaded, link_gbps=link_gbps, link_latency_us=args.link_latency_us, context_tokens=args.context)
 
 
+def refuse_two_link_speeds(args: argparse.Namespace) -> None:
+    """Before the model loads: ``--setup`` and ``--link-gbps`` each set the emulated link's speed."""
+    if args.setup is not None and args.link_gbps is not None:
+        raise SeqMoEError("give --setup or --link-gbps, not both: a setup sets the link's speed")
+
+
 def run_generate(args: argparse.Namespace) -> int:
     from .engine import Sampling
 
+    refuse_two_link_speeds(args)
     engine = load_engine(args)
     if args.setup is not None:
         from .bench import match_link
 
-        if args.link_gbps is not None:
-            raise SeqMoEError("give --setup or --link-gbps, not both: a setup sets the link's speed")
         match_link(engine, args.setup)
     engine.configure(args.policy, cache_ratio=args.cache_ratio, vram_budget_gb=args.vram_budget)
     greedy = args.temperature in (None, 0.0)  # temperature 0: the most likely token, as greedy decoding
@@ -254,8 +259,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
     policies = policy_list(args.policies, POLICY_NAMES)
     ratios = cache_ratios(args.cache_ratios)
-    if args.setup is not None and args.link_gbps is not None:
-        raise SeqMoEError("give --setup or --link-gbps, not both: a setup sets the link's speed")
+    refuse_two_link_speeds(args)
     if args.max_new_tokens < 2:
         raise SeqMoEError("--max-new-tokens must be at least 2: decode speed is timed from the second token on")
     texts, blank = read_prompts(args.prompts) if args.prompts else (BUILT_IN_PROMPTS, 0)

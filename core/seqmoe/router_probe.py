@@ -22,9 +22,11 @@ if TYPE_CHECKING:
 
 PROBES = 2
 """Random hidden states each router answers; a few numbers per expert and layer are kept."""
-TOLERANCE = 0.01
-"""How far two answers may be apart, in the layer's root mean square logit. Rounding the weights
-to another 16-bit dtype moves a logit by about 0.1% of it (bfloat16 keeps 8 significant bits)."""
+TOLERANCE = 0.03
+"""How far two answers may be apart, in the larger of the two layers' root mean square logits.
+Rounding the weights to another 16-bit dtype moves a logit by about 0.1% of it; a router that is a
+network of its own computes in the model's dtype, whose rounding of the largest logits (three or
+four times the mean) comes to 1-2% of it. Other routers' logits differ by about the mean itself."""
 
 
 def router_answers(loaded: LoadedModel) -> list[list[list[float]]]:
@@ -45,6 +47,6 @@ def same_answers(a: object, b: object) -> bool:
         return False
     if first.ndim != 3 or first.shape != second.shape or first.numel() == 0:
         return False
-    scale = first.pow(2).mean(dim=(1, 2)).sqrt()
+    scale = torch.maximum(first.pow(2).mean(dim=(1, 2)), second.pow(2).mean(dim=(1, 2))).sqrt()  # either way round
     apart = (first - second).abs().amax(dim=(1, 2))
     return bool((apart <= TOLERANCE * scale).all())

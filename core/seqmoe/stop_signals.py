@@ -35,19 +35,22 @@ class Terminated(BaseException):
 @contextmanager
 def stop_signals_raise() -> Iterator[None]:
     """In the block, a stop signal raises ``Terminated`` in the main thread; the handlers found
-    are restored after it. Outside the main thread, where Python sets no handlers, nothing changes."""
+    are restored after it. Outside the main thread, where Python sets no handlers, nothing changes.
+    Not nested: an inner block's end would restore the outer ``stop``, which a second signal then runs."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+    # An ignored signal stays ignored: ``nohup`` starts a command so that closing its terminal
+    # (SIGHUP) does not end it.
+    previous = {number: handler for number in STOP_SIGNALS if (handler := signal.getsignal(number)) is not signal.SIG_IGN}
 
     def stop(number: int, frame: FrameType | None) -> None:
         # Once is enough: a second signal would cut short the cleanup the first one started.
-        for other in STOP_SIGNALS:
+        for other in previous:
             signal.signal(other, signal.SIG_IGN)
         raise Terminated(number)
 
-    for number in STOP_SIGNALS:
+    for number in previous:
         signal.signal(number, stop)
     try:
         yield

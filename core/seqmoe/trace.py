@@ -46,7 +46,7 @@ SHARD_TOKENS = 8192
 PREFILL_CHUNK = 128
 SHARD_KEYS = {"hidden", "experts", "probs", "document", "decode"}
 """The tensors every shard holds (``paragraph`` came later: older traces lack it)."""
-SHARD_NAME = re.compile(r"shard-\d{5}\.safetensors")
+SHARD_NAME = re.compile(r"shard-\d{5,}\.safetensors")
 LEFTOVER_NAME = re.compile(rf"{SHARD_NAME.pattern}|{re.escape(MANIFEST)}\.partial")
 """What a trace stopped by force (a kill, a power cut) can leave in its folder without a manifest."""
 
@@ -255,8 +255,8 @@ def iter_traces(
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Trace each document in turn until ``max_tokens`` tokens are recorded. One that does not fit
     ``context`` tokens (at most, and by default, the model's own limit) with its continuation is
-    traced in ``windows``: each a document of its own, begun afresh as the model saw it, of the
-    same paragraph (so that training validates on none of a text it learnt from)."""
+    traced in ``windows``: each a document of its own, begun afresh (the later ones mid-text, without
+    the tokenizer's opening tokens), of the same paragraph (so that training validates on none of a text it learnt from)."""
     context = loaded.context_limit if context is None else context_held(context, loaded.context_limit)
     recorder = RoutingRecorder(loaded)
     recorded = number = 0
@@ -320,10 +320,11 @@ def document_runs(traces: Traces) -> list[tuple[int, list[Run]]]:
     return documents
 
 
-def check_trace_folder(out: Path) -> list[Path]:
+def check_trace_folder(out: Path) -> None:
     """Refuse ``out`` for a trace before any work (see ``write_traces``); the folders made to try
-    writing there are removed again. Returns the shard files of the earlier trace there."""
-    earlier = _earlier_trace(out) if out.is_dir() else []
+    writing there are removed again."""
+    if out.is_dir():
+        _earlier_trace(out)
     missing = [folder for folder in (out, *out.parents) if not folder.exists()]
     try:
         check_output(out, "the trace folder", folder=True)
@@ -331,12 +332,11 @@ def check_trace_folder(out: Path) -> list[Path]:
         for folder in missing:  # deepest first, each empty unless someone else writes there meanwhile
             with suppress(OSError):
                 folder.rmdir()
-    return earlier
 
 
 def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[str, torch.Tensor]]) -> dict[str, object]:
     """Write ``records`` as shards of about ``SHARD_TOKENS`` tokens and the manifest last. An
-    earlier trace's manifest goes once the first record is there: a run stopped midway leaves no
+    earlier trace's manifest goes as the first shard is written: a run stopped midway leaves no
     folder that reads as a trace, where its shards would mix with the earlier ones, and removes
     the shards it wrote, those of the earlier trace, and the folder if it made it. A finished run
     removes the earlier trace's shards it did not write over. Refused before any tracing: a
@@ -359,8 +359,9 @@ def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[
 
 
 def _earlier_trace(out: Path) -> list[Path]:
-    """The shard files the trace in the folder ``out`` lists; refused when ``out`` holds the user's
-    own files instead of a trace (a hidden file, such as a file manager's, is nobody's work)."""
+    """The shard files the trace in the folder ``out`` lists, or those a trace stopped by force left
+    there; refused when ``out`` holds the user's own files instead of a trace (a hidden file, such as
+    a file manager's, is nobody's work)."""
     manifest_file = out / MANIFEST
     if manifest_file.exists():
         manifest = _trace_manifest(manifest_file)
@@ -370,12 +371,12 @@ def _earlier_trace(out: Path) -> list[Path]:
         names = [shard.get("file") for shard in listed if isinstance(shard, dict)] if isinstance(listed, list) else []
         # Only names a trace gives its shards: a damaged manifest must not name the user's files to remove.
         return [out / name for name in names if isinstance(name, str) and SHARD_NAME.fullmatch(name)]
-    own = sorted(entry.name for entry in out.iterdir()
-                 if not entry.name.startswith(".") and not LEFTOVER_NAME.fullmatch(entry.name))
+    entries = [entry for entry in out.iterdir() if not entry.name.startswith(".")]
+    own = sorted(entry.name for entry in entries if not (LEFTOVER_NAME.fullmatch(entry.name) and entry.is_file()))
     if own:
         raise SeqMoEError(f"the trace folder {out} holds files and no trace ({', '.join(own[:3])}"
                           f"{', ...' if len(own) > 3 else ''}); give a new or empty folder")
-    return []
+    return entries  # what a trace stopped by force left: removed as this one is written
 
 
 def _trace_manifest(file: Path) -> dict[str, object] | None:
@@ -404,6 +405,9 @@ def _write_shards(
             return
         tensors = {key: torch.cat([r[key] for r in pending]).contiguous() for key in pending[0]}
         shard = out / f"shard-{len(shards):05d}.safetensors"
+        if not shards:  # the earlier trace goes as the first shard of this one is written, not sooner
+            with writing(out / MANIFEST):
+                (out / MANIFEST).unlink(missing_ok=True)
         written.append(shard)
         with writing(shard):
             save_file(tensors, str(shard))
@@ -411,9 +415,6 @@ def _write_shards(
         pending, pending_tokens = [], 0
 
     for record in records:
-        if not pending and not shards:
-            with writing(out / MANIFEST):
-                (out / MANIFEST).unlink(missing_ok=True)
         pending.append(record)
         pending_tokens += record["document"].shape[0]
         totals["tokens"] += record["document"].shape[0]

@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from PySide6 import QtGui
@@ -17,7 +18,7 @@ from PySide6.QtCore import QStandardPaths, Qt
 from PySide6.QtGui import QPalette, QTextDocument
 from PySide6.QtWidgets import QApplication, QDialog, QMessageBox
 
-from seqmoe_chat import dialogs, export_task
+from seqmoe_chat import background, dialogs, export_task
 from seqmoe_chat.paths import config_dir
 from seqmoe_chat.settings_dialog import SettingsDialog
 from seqmoe_chat.store import SamplingSettings
@@ -384,7 +385,7 @@ def test_a_file_still_being_read_when_the_window_closes_is_not_imported(
     window.close()
     reading.set()
     assert read.wait(5)
-    qtbot.wait(200)  # time for the result to arrive
+    qtbot.waitUntil(lambda: not background._pending)  # the result has arrived, and was dropped
     assert window.store_ids() == [kept] and window.findChild(QMessageBox, "errorMessage") is None
 
 
@@ -437,7 +438,7 @@ def test_an_export_asked_for_right_after_the_last_one_ended_is_written(qtbot, wi
             super().run()
             release.wait(5)
 
-    monkeypatch.setattr(export_task.threading, "Thread", LingeringThread)
+    monkeypatch.setattr(export_task, "threading", SimpleNamespace(Thread=LingeringThread))  # the export's alone
     monkeypatch.setattr(dialogs, "ask_export_path", lambda parent, name, fmt: (tmp_path / "chat.md", "md"))
     try:
         for written in (1, 2):

@@ -76,15 +76,17 @@ def test_a_folder_checked_for_a_trace_that_then_fails_is_not_left_behind(
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("leftover", [".DS_Store", "shard-00003.safetensors", "manifest.json.partial"])
+@pytest.mark.parametrize(("leftover", "kept"), [(".DS_Store", True), ("shard-00003.safetensors", False),
+                                              ("manifest.json.partial", False)])
 def test_hidden_files_and_a_killed_traces_leftovers_do_not_refuse_a_folder(
-    traced: tuple[Path, Path], chat_text: Path, tmp_path: Path, leftover: str
+    traced: tuple[Path, Path], chat_text: Path, tmp_path: Path, leftover: str, kept: bool
 ) -> None:
     out = tmp_path / "traces"
     out.mkdir()
     (out / leftover).write_text("")
     assert trace(traced[0], chat_text, out, "--max-tokens", "20") == 0
     assert read_traces(out).tokens > 0
+    assert (out / leftover).exists() == kept  # a killed trace's leftovers go once this one is written
 
 
 def test_a_smaller_re_trace_removes_the_earlier_traces_other_shards_and_nothing_else(
@@ -122,6 +124,23 @@ def test_a_re_trace_stopped_midway_removes_the_earlier_traces_shards_too(
         write_traces(folder, model, stopped())
     # Its manifest gone, the earlier trace's shards were nobody's: a later trace here would leave them as orphans.
     assert sorted(path.name for path in folder.iterdir()) == ["notes.txt"]
+
+
+def test_a_re_trace_stopped_before_its_first_shard_leaves_the_earlier_trace_as_it_was(
+    traced: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder = shutil.copytree(traced[1], tmp_path / "traces")
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    model = json.loads((folder / "manifest.json").read_text())["model"]
+
+    def stopped() -> Iterator[dict[str, torch.Tensor]]:  # minutes of tracing short of a shard's 8192 tokens
+        yield {"document": torch.zeros(3, dtype=torch.int32), "decode": torch.zeros(3, dtype=torch.uint8)}
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_traces(folder, model, stopped())
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+    assert read_traces(folder).tokens > 0
 
 
 def copy_with_shards(traced: tuple[Path, Path], folder: Path, files: list[str]) -> Path:

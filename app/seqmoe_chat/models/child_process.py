@@ -52,7 +52,11 @@ class ChildProcess:
         return code
 
     def terminate(self) -> None:
-        """Stop the child at once (SIGTERM; TerminateProcess on Windows) and reap it."""
+        """Stop the child at once and reap it. Its stdin closes first: a child that watches it
+        (``exit_with_parent``) ends on the spot, where SIGTERM (TerminateProcess on Windows) may
+        first unwind a command that cleans up after itself (``seqmoe.stop_signals``)."""
+        if self._process.stdin is not None:
+            self._process.stdin.close()
         if self._process.poll() is None:
             self._process.terminate()
         try:
@@ -60,8 +64,6 @@ class ChildProcess:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
-        if self._process.stdin is not None:
-            self._process.stdin.close()
 
 
 def exit_with_parent() -> None:
