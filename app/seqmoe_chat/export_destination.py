@@ -34,7 +34,7 @@ def refusal(path: Path, database: Path, force: bool) -> str | None:
     if any(_same_file(path, own) for own in database_files(database)):
         return f"{path} is a file of the chat database; choose another name"
     if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        kind = next((name for test, name in _KINDS if test(mode)), "something other than a file")
         return f"{path} is {kind}, not a file; choose another name"
     if not force:
         return f"{path} exists; add --force to replace it"

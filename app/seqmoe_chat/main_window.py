@@ -450,7 +450,8 @@ class MainWindow(QMainWindow):
         self.model_bar.set_models(self.settings.recent_models, self._model)
         self.model_bar.show_loaded(kept)
         self.status.show_model(kept)
-        # It ran with the settings the failed load was asked with: those accepted since apply to it.
+        # Settings accepted during the failed load apply to the model kept (it runs with those of its
+        # own load and the changes since; the load's copy stands in for them).
         self._apply_engine_settings(self._load_options)
         dialogs.show_error(self, "The model could not be loaded", f"{reason}\n\n{kept.name} is still loaded.")
 

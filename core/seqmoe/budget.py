@@ -107,8 +107,8 @@ def _decimals_telling_apart(asked: int, least: int) -> int:
 
 
 def _gib_above_zero(size: int, decimals: int) -> str:
-    """``size`` bytes in GiB at ``decimals``, or as many more as show a size above none as more than 0:
-    a budget saved as 0.001 read "a budget of 0.00 GiB", as if no budget were set."""
+    """``size`` bytes in GiB at ``decimals``, or at as many more as it takes not to read 0: a budget
+    saved as 0.001 read "a budget of 0.00 GiB", as if no budget were set."""
     decimals = next((d for d in range(decimals, 10) if round(size / 2**30, d) > 0), decimals)
     return f"{size / 2**30:.{decimals}f}"
 

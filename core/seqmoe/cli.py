@@ -381,7 +381,7 @@ def read_prompts(path: Path) -> tuple[list[str], int]:
     """One prompt per non-blank line of ``path``, and how many blank lines were skipped. Lines end
     at a newline only (reading turned CRLF into one): ``splitlines`` would also cut a prompt at
     U+2028 and the other separators Unicode has, which a prompt may hold."""
-    text = read_text(path, "the prompts file ").removeprefix("\ufeff")  # a byte order mark is no text
+    text = read_text(path, "the prompts file ")
     lines = text.removesuffix("\n").split("\n")
     prompts = [line.strip() for line in lines if line.strip()]
     if not prompts:

@@ -163,7 +163,6 @@ def read_documents(text: str, tokenize: Callable[[list[str]], list[int]], every_
     to it, so that the model replies to each turn, not only to the last. Lines end at a newline
     only: ``splitlines`` would also cut one at U+2028 and Unicode's other separators, and shift
     every later line of a conversation into the other role."""
-    text = text.removeprefix("\ufeff")  # a byte order mark is no text
     paragraphs = [[line.strip() for line in p.split("\n") if line.strip()] for p in text.split("\n\n")]
     return [
         TextDocument(tokenize(lines[:end]), paragraph)

@@ -18,9 +18,10 @@ from .errors import SeqMoEError
 
 
 def read_text(path: Path, what: str = "") -> str:
-    """A UTF-8 text file (``what`` it is, for the message), or one line saying why not."""
+    """A UTF-8 text file (``what`` it is, for the message), without the byte order mark some
+    editors write first, or one line saying why not."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as error:
         raise SeqMoEError(f"cannot read {what}{path}: {_reason(error)}") from None
 

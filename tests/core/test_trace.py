@@ -16,6 +16,7 @@ import seqmoe.trace
 from seqmoe import SeqMoEError, load_model
 from seqmoe.cli import main
 from seqmoe.trace import Document, RoutingRecorder, read_documents, read_traces, trace_document, write_traces
+from seqmoe.user_files import read_text
 
 from .conftest import CHAT_TEXT
 
@@ -219,6 +220,8 @@ def test_a_single_document_past_the_models_context_is_refused(mixtral_dir: Path)
         recorder.close()
 
 
-def test_documents_split_at_newlines_only_and_lose_a_byte_order_mark() -> None:
-    text = "\ufeffhi\u2028there\nfine\x85thanks\n\nnext"
-    assert [d.ids for d in read_documents(text, lambda lines: lines)] == [["hi\u2028there", "fine\x85thanks"], ["next"]]
+def test_documents_split_at_newlines_only_and_lose_a_byte_order_mark(tmp_path: Path) -> None:
+    file = tmp_path / "text.txt"
+    file.write_bytes("\ufeffhi\u2028there\nfine\x85thanks\n\nnext".encode())
+    documents = read_documents(read_text(file), lambda lines: lines)
+    assert [d.ids for d in documents] == [["hi\u2028there", "fine\x85thanks"], ["next"]]
