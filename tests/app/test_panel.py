@@ -326,6 +326,7 @@ def test_without_nvml_figures_the_caption_says_whose_vram_it_shows(qtbot, window
     memory = window.panel.memory
     memory.show_memory(replace(window.panel.info, device=device), MemorySample(None, NO_NVML, None, ""))
     assert memory.vram_caption.text().startswith(f"{caption}: the engine's budget")
+    assert memory.vram_caption.text().endswith(" GiB")  # 2**30 bytes, named as the settings' slider names them
 
 
 class _FailingNvml:

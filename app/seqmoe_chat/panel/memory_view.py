@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 from ..worker import ModelInfo
 from .memory_monitor import MemorySample
 
-GB = 2**30  # the engine's budgets count GB as 2**30 bytes
+GIB = 2**30  # as the engine counts its budgets, and the settings' slider shows them
 BUDGET_COLOUR = "#d32f2f"
 COLOURS = {
     "resident weights": "#7e57c2",
@@ -48,8 +48,8 @@ class StackedBar(QWidget):
 
     def set_segments(self, segments: list[Segment], total: int, marker: int | None = None) -> None:
         self.segments, self.total, self.marker = segments, max(total, 1), marker
-        self.setToolTip("\n".join(f"{s.name}: {s.size / GB:.3f} GB" for s in segments)
-                        + ("" if marker is None else f"\nbudget: {marker / GB:.3f} GB"))
+        self.setToolTip("\n".join(f"{s.name}: {s.size / GIB:.3f} GiB" for s in segments)
+                        + ("" if marker is None else f"\nbudget: {marker / GIB:.3f} GiB"))
         self.setVisible(True)
         self.update()
 
@@ -112,12 +112,12 @@ class MemoryView(QWidget):
             self.ram.setVisible(False)
         else:
             ram = sample.ram
-            self.ram_caption.setText(f"RAM: {ram.used / GB:.1f} of {ram.total / GB:.1f} GB used, "
-                                     f"{ram.this_process / GB:.2f} GB by this app")
+            self.ram_caption.setText(f"RAM: {ram.used / GIB:.1f} of {ram.total / GIB:.1f} GiB used, "
+                                     f"{ram.this_process / GIB:.2f} GiB by this app")
             self.ram.set_segments([Segment("this process", ram.this_process),
                            Segment("other processes", max(ram.used - ram.this_process, 0))], ram.total)
         if gpu is not None and not (info is not None and info.device.startswith("cuda")):
-            self.problem.setText(f"{gpu.name}: {gpu.used / GB:.2f} of {gpu.total / GB:.2f} GB used "
+            self.problem.setText(f"{gpu.name}: {gpu.used / GIB:.2f} of {gpu.total / GIB:.2f} GiB used "
                                  "(the model runs on the CPU)")
             self.problem.setVisible(True)
 
@@ -134,12 +134,12 @@ class MemoryView(QWidget):
         if gpu is not None and info.device.startswith("cuda"):
             segments += [Segment("rest of this process", max(gpu.this_process - engine_bytes, 0)),
                          Segment("other processes", max(gpu.used - gpu.this_process, 0))]
-            self.vram_caption.setText(f"VRAM ({gpu.name}): {gpu.used / GB:.2f} of {gpu.total / GB:.2f} GB used, "
-                                      f"{gpu.this_process / GB:.2f} GB by this app; budget {budget / GB:.3f} GB")
+            self.vram_caption.setText(f"VRAM ({gpu.name}): {gpu.used / GIB:.2f} of {gpu.total / GIB:.2f} GiB used, "
+                                      f"{gpu.this_process / GIB:.2f} GiB by this app; budget {budget / GIB:.3f} GiB")
             self.vram.set_segments(segments, gpu.total, budget)
         else:
             where = (f"The engine's VRAM on {info.device} (no NVML figures)" if info.device.startswith("cuda")
                      else f"Emulated VRAM on the {info.device}")
-            self.vram_caption.setText(f"{where}: the engine's budget {budget / GB:.3f} GB")
+            self.vram_caption.setText(f"{where}: the engine's budget {budget / GIB:.3f} GiB")
             self.vram.set_segments(segments, max(budget, engine_bytes), budget)
         self.vram_legend.setText(_legend([s.name for s in segments]))
