@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QSlider, QWidget
+from seqmoe.gib import GIB, gib_rounded_up
 
 from .store.settings import MAX_VRAM_BUDGET_GB
 from .store.speed_history import expected_speed
@@ -18,7 +19,6 @@ from .worker import ModelInfo
 if TYPE_CHECKING:
     from seqmoe.budget import CacheGeometry
 
-GIB = 2**30  # the engine's budgets (``vram_budget_gb``) count 2**30 bytes, as the Models window does
 MB_STEP = GIB // 1000
 MAX_BYTES = int(MAX_VRAM_BUDGET_GB * GIB)
 SLIDER_STEPS = 2**31 - 1  # a QSlider's int
@@ -217,14 +217,6 @@ def sized_geometry(model: ModelInfo | None) -> CacheGeometry | None:
     if model is None or model.geometry is None or model.geometry.bytes_per_expert <= 0:
         return None
     return model.geometry
-
-
-def gib_rounded_up(size: int, decimals: int) -> float:
-    """``size`` bytes in GiB at ``decimals``, rounded up so that the engine, which reads
-    ``int(gib * 2**30)`` bytes, gets at least ``size``: a budget of the figure shown buys its slots."""
-    scale = 10**decimals
-    shown = math.ceil(size * scale / GIB) / scale
-    return shown if int(shown * GIB) >= size else shown + 1 / scale
 
 
 def gib_text(size: int) -> str:

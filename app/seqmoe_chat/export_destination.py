@@ -1,4 +1,4 @@
-"""Whether ``seqmoe-chat export --out PATH`` may write PATH.
+"""Whether an export may write PATH (``seqmoe-chat export --out PATH``, or the window's choice).
 
 The window's save dialog asks before it replaces a file; the command cannot ask, so it replaces
 only a file it is told to (``--force``). The export is written to a temporary file renamed over

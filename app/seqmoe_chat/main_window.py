@@ -17,7 +17,7 @@ from PySide6.QtCore import QByteArray, Qt, Slot
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import QApplication, QMainWindow, QMenu, QSplitter, QVBoxLayout, QWidget
 
-from . import dialogs
+from . import dialogs, export_destination
 from .application import APP_TITLE, AppContext
 from .chat_header import ChatHeader
 from .chat_session import ChatSession
@@ -353,6 +353,11 @@ class MainWindow(QMainWindow):
         if target is None:
             return
         path, chosen = target
+        # The dialog has asked before replacing a file; what no export may replace is refused still.
+        refused = export_destination.refusal(path, self.context.database.path, force=True)
+        if refused:
+            dialogs.show_error(self, "Export refused", refused)
+            return
         if self.export_task.running:
             self.status.showMessage("The last export is still being written; try again when it is done.", STATUS_MESSAGE_MS)
             return

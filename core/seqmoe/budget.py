@@ -7,12 +7,12 @@ left, divided by one expert's bytes, is the slot count.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from transformers import PretrainedConfig
 
 from .errors import BudgetTooSmall
+from .gib import gib_rounded_up
 from .layer_configs import layer_configs
 
 DEFAULT_CONTEXT_TOKENS = 4096
@@ -70,7 +70,7 @@ class CacheGeometry:
             decimals = 2 if budget_bytes is None else _decimals_telling_apart(budget_bytes, least_bytes)
             asked = f"cache ratio {ratio}" if budget_bytes is None else f"a budget of {_gib_above_zero(budget_bytes, decimals)} GiB"
             raise BudgetTooSmall(f"{too_few_slots(asked, slots, self.total_experts, self.top_k)} or a VRAM budget "
-                                 f"of at least {_gib_rounded_up(least_bytes, decimals)} GiB")
+                                 f"of at least {gib_rounded_up(least_bytes, decimals):.{decimals}f} GiB")
         return slots
 
 
@@ -94,16 +94,10 @@ def too_few_slots(asked: str, slots: int, total_experts: int, top_k: int) -> str
             f"it needs a cache ratio of at least {least:.2f}")
 
 
-def _gib_rounded_up(size: int, decimals: int) -> str:
-    """``size`` bytes in GiB, rounded up: a budget of the figure shown is at least ``size``."""
-    scale = 10**decimals
-    return f"{math.ceil(size / 2**30 * scale) / scale:.{decimals}f}"
-
-
 def _decimals_telling_apart(asked: int, least: int) -> int:
     """As few decimals (2 to 4) as show a budget and the least that works as different figures:
     "0.02 GiB leaves too few slots, it needs at least 0.02 GiB" helps nobody."""
-    return next((d for d in (2, 3) if f"{asked / 2**30:.{d}f}" != _gib_rounded_up(least, d)), 4)
+    return next((d for d in (2, 3) if f"{asked / 2**30:.{d}f}" != f"{gib_rounded_up(least, d):.{d}f}"), 4)
 
 
 def _gib_above_zero(size: int, decimals: int) -> str:

@@ -405,6 +405,18 @@ def test_an_export_whose_renderer_fails_is_reported_and_writes_nothing(qtbot, wi
     assert list((tmp_path / "out").iterdir()) == []
 
 
+def test_an_export_chosen_over_the_chat_database_is_refused_and_writes_nothing(qtbot, window, monkeypatch) -> None:
+    # The save dialog asks before replacing a file, and a click on Yes replaced the chats themselves.
+    chat(qtbot, window, "Keep me")
+    database = window.context.database.path
+    before = database.read_bytes()
+    monkeypatch.setattr(dialogs, "ask_export_path", lambda parent, name, fmt: (database, "md"))
+    window.export_current()
+    box = error_box(qtbot, window)
+    assert box.windowTitle() == "Export refused" and "is a file of the chat database" in box.text()
+    assert not window.export_task.running and database.read_bytes() == before
+
+
 def test_an_export_is_written_while_the_window_goes_on(qtbot, window, tmp_path: Path, monkeypatch) -> None:
     chat(qtbot, window, "Export me")
     drawing = threading.Event()
