@@ -11,9 +11,11 @@ or another revision moves them far more.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from .routers import find_routers
 
@@ -29,13 +31,21 @@ network of its own computes in the model's dtype, whose rounding of the largest 
 four times the mean) comes to 1-2% of it. Other routers' logits differ by about the mean itself."""
 
 
+_ANSWERS: weakref.WeakKeyDictionary[nn.Module, list[list[list[float]]]] = weakref.WeakKeyDictionary()
+
+
 def router_answers(loaded: LoadedModel) -> list[list[list[float]]]:
     """``[layer][probe][expert]`` float32 logits of each MoE layer's router for the same
-    ``PROBES`` standard normal hidden states (seeded), whatever the model."""
-    hidden = loaded.config.get_text_config().hidden_size
-    states = torch.randn(PROBES, hidden, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        return [router.logits(states).float().cpu().tolist() for router in find_routers(loaded)]
+    ``PROBES`` standard normal hidden states (seeded), whatever the model; once per loaded model
+    (an uncalibrated model's engine looks for a predictor at every ``configure``)."""
+    answers = _ANSWERS.get(loaded.model)
+    if answers is None:
+        hidden = loaded.config.get_text_config().hidden_size
+        states = torch.randn(PROBES, hidden, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            answers = _ANSWERS[loaded.model] = [router.logits(states).float().cpu().tolist()
+                                                for router in find_routers(loaded)]
+    return answers
 
 
 def same_answers(a: object, b: object) -> bool:
