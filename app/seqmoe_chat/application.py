@@ -17,7 +17,7 @@ from PySide6.QtCore import QLockFile, QSize
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
-from . import dialogs
+from . import dialogs, long_lived
 from .app_metadata import APP_ID, APP_TITLE, ICON_SIZES, app_version, icon_png
 from .engine_client import EngineClient
 from .paths import config_dir, data_dir
@@ -90,7 +90,7 @@ def garbage_collected_on_this_thread() -> Iterator[None]:
         # for the lock the disconnection held (a hang at exit). So the garbage goes first, then
         # the timer, and only then does collection come back on.
         collector.timer.stop()
-        gc.unfreeze()  # what ``long_lived`` froze is garbage too, once the app is done with it
+        long_lived.thaw()  # what it froze is garbage too, once the app is done with it
         gc.collect()
         del collector
         if was_enabled:

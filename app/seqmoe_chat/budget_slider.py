@@ -50,14 +50,15 @@ class BudgetSlider(QWidget):
         self.speed = QLabel()
         self.fit = QLabel()
         self.fit.setWordWrap(True)
+        cap = min(available_bytes or MAX_BYTES, MAX_BYTES)
         if geometry is None:
             # Without a model only the number can be chosen; what it buys shows once one is loaded.
             self.unit, self.origin = MB_STEP, 0
-            low, high = MB_STEP, min(available_bytes or MAX_BYTES, MAX_BYTES)
+            low, high = MB_STEP, cap
             initial = budget_gb if budget_gb is not None else high / GIB
         else:
             least = geometry.budget_bytes_for(0)
-            ceiling = min(geometry.budget_bytes_for(geometry.total_experts), available_bytes or MAX_BYTES, MAX_BYTES)
+            ceiling = min(geometry.budget_bytes_for(geometry.total_experts), cap)
             if geometry.bytes_per_expert < MB_STEP and (ceiling - least) // geometry.bytes_per_expert < SLIDER_STEPS:
                 # One expert per step, counted from the budget of no slot, so that each step buys one more.
                 self.unit, self.origin = geometry.bytes_per_expert, least

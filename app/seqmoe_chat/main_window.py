@@ -385,11 +385,17 @@ class MainWindow(QMainWindow):
                           lambda error: self._on_import_failed(path, error), self)
         self.status.showMessage(f"Importing conversations from {path.name}…")
 
-    def _on_import_read(self, path: Path, transcripts: list[Transcript]) -> None:
-        if self.importing != path:  # the window closed while it was read: nobody asks for it now
-            return
+    def _import_ended(self, path: Path) -> bool:
+        """Whether the end of reading ``path`` is still wanted (the window closed meanwhile: not)."""
+        if self.importing != path:
+            return False
         self.importing = None
         self.status.clearMessage()  # also when the database refuses them
+        return True
+
+    def _on_import_read(self, path: Path, transcripts: list[Transcript]) -> None:
+        if not self._import_ended(path):
+            return
         with self._changing_chats("Importing conversations"):
             ids = store_transcripts(self.store, transcripts)
             if ids:
@@ -397,10 +403,8 @@ class MainWindow(QMainWindow):
             self.status.showMessage(f"Imported {len(ids)} conversation(s) from {path.name}", STATUS_MESSAGE_MS)
 
     def _on_import_failed(self, path: Path, error: Exception) -> None:
-        if self.importing != path:
+        if not self._import_ended(path):
             return
-        self.importing = None
-        self.status.clearMessage()
         if isinstance(error, OSError):
             reason = error.strerror or str(error)
         else:

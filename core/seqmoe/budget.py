@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from transformers import PretrainedConfig
 
 from .errors import BudgetTooSmall
-from .gib import gib_rounded_up
+from .gib import GIB, gib_rounded_up
 from .layer_configs import layer_configs
 
 DEFAULT_CONTEXT_TOKENS = 4096
@@ -97,14 +97,14 @@ def too_few_slots(asked: str, slots: int, total_experts: int, top_k: int) -> str
 def _decimals_telling_apart(asked: int, least: int) -> int:
     """As few decimals (2 to 4) as show a budget and the least that works as different figures:
     "0.02 GiB leaves too few slots, it needs at least 0.02 GiB" helps nobody."""
-    return next((d for d in (2, 3) if f"{asked / 2**30:.{d}f}" != f"{gib_rounded_up(least, d):.{d}f}"), 4)
+    return next((d for d in (2, 3) if f"{asked / GIB:.{d}f}" != f"{gib_rounded_up(least, d):.{d}f}"), 4)
 
 
 def _gib_above_zero(size: int, decimals: int) -> str:
     """``size`` bytes in GiB at ``decimals``, or at as many more as it takes not to read 0: a budget
     saved as 0.001 read "a budget of 0.00 GiB", as if no budget were set."""
-    decimals = next((d for d in range(decimals, 10) if round(size / 2**30, d) > 0), decimals)
-    return f"{size / 2**30:.{decimals}f}"
+    decimals = next((d for d in range(decimals, 10) if round(size / GIB, d) > 0), decimals)
+    return f"{size / GIB:.{decimals}f}"
 
 
 def kv_cache_bytes(config: PretrainedConfig, context_tokens: int, element_size: int) -> int:

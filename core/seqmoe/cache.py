@@ -263,7 +263,7 @@ class ExpertCache:
                 if job is not None:
                     self.copier.wait(job, phase)
         finally:
-            self._keep_unlanded([self.pool.job[slot] for slot in slots if self.pool.job[slot] is not None])
+            self._keep_unlanded([job for slot in slots if (job := self.pool.job[slot]) is not None])
             self.release(slots)
 
     def _keep_unlanded(self, jobs: Sequence[CopyJob]) -> None:

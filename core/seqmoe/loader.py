@@ -192,9 +192,8 @@ def read_config(path: Path) -> PretrainedConfig:
     # model needs that code, and it is never run.
     model_type = raw.get("model_type")
     native = isinstance(model_type, str) and model_type in CONFIG_MAPPING
-    for name in ("config.json", "tokenizer_config.json"):
-        file = path / name
-        if file.is_file() and "auto_map" in json_object(file) and not native:
+    for name in () if native else ("config.json", "tokenizer_config.json"):
+        if "auto_map" in (raw if name == "config.json" else json_object(path / name)):  # config.json read once
             raise ModelRefused(
                 f"{path.name} needs its own remote code ({name} has auto_map and transformers has no built-in "
                 f"{raw.get('model_type', 'unknown')!r} architecture); seqmoe never runs code shipped with a model"

@@ -20,7 +20,6 @@ import json
 import re
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,10 +33,11 @@ from .budget import context_held
 from .counts import is_count
 from .errors import SeqMoEError
 from .experts import decode_phase
+from .hub_files import json_object
 from .loader import LoadedModel
 from .router_probe import router_answers
 from .routers import LinearRouter, Router, chosen_experts, find_routers
-from .user_files import check_output, output_folder, replacing, writing
+from .user_files import check_output, missing_folders, output_folder, remove_empty, replacing, writing
 
 FORMAT = "seqmoe-trace"
 MANIFEST = "manifest.json"
@@ -324,13 +324,11 @@ def check_trace_folder(out: Path) -> None:
     writing there are removed again."""
     if out.is_dir():
         _earlier_trace(out)
-    missing = [folder for folder in (out, *out.parents) if not folder.exists()]
+    missing = missing_folders(out)
     try:
         check_output(out, "the trace folder", folder=True)
     finally:
-        for folder in missing:  # deepest first, each empty unless someone else writes there meanwhile
-            with suppress(OSError):
-                folder.rmdir()
+        remove_empty(missing)
 
 
 def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[str, torch.Tensor]]) -> dict[str, object]:
@@ -353,7 +351,8 @@ def write_traces(out: Path, identity: dict[str, object], records: Iterator[dict[
             if not manifest_file.exists():  # else the earlier trace is untouched, or this one complete
                 _remove(written + earlier)
             raise
-        _remove([shard for shard in earlier if shard.name not in {s["file"] for s in manifest["shards"]}])
+        kept = {shard["file"] for shard in manifest["shards"]}
+        _remove([shard for shard in earlier if shard.name not in kept])
     return manifest
 
 
@@ -379,11 +378,8 @@ def _earlier_trace(out: Path) -> list[Path]:
 
 
 def _trace_manifest(file: Path) -> dict[str, object] | None:
-    try:
-        manifest = json.loads(file.read_text())
-    except (OSError, ValueError):
-        return None
-    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+    manifest = json_object(file)
+    return manifest if manifest.get("format") == FORMAT else None
 
 
 def _remove(files: list[Path]) -> None:

@@ -38,7 +38,7 @@ def check_output(path: Path, flag: str, folder: bool = False, suffixes: tuple[st
     if not folder and path.is_dir():
         raise SeqMoEError(f"{flag} {path} is a folder; give a file name")
     where = path if folder else path.parent
-    made = _missing_folders(where)
+    made = missing_folders(where)
     try:
         where.mkdir(parents=True, exist_ok=True)
         # A file made and dropped there: permissions alone miss read-only mounts and /proc-like folders.
@@ -50,7 +50,7 @@ def check_output(path: Path, flag: str, folder: bool = False, suffixes: tuple[st
         raise SeqMoEError(f"{flag} {path}: cannot write in {where}: {reason}") from None
     finally:
         if not folder:
-            _remove_empty(made)
+            remove_empty(made)
     return path
 
 
@@ -58,21 +58,21 @@ def check_output(path: Path, flag: str, folder: bool = False, suffixes: tuple[st
 def output_folder(path: Path, flag: str) -> Iterator[Path]:
     """``check_output`` of a folder to write in during the block. If the block fails, the folders
     that check made are removed again where the block left them empty."""
-    made = _missing_folders(path)
+    made = missing_folders(path)
     check_output(path, flag, folder=True)
     try:
         yield path
     except BaseException:
-        _remove_empty(made)
+        remove_empty(made)
         raise
 
 
-def _missing_folders(path: Path) -> list[Path]:
+def missing_folders(path: Path) -> list[Path]:
     """``path`` and its parents that do not exist yet, deepest first."""
     return [folder for folder in (path, *path.parents) if not folder.exists()]
 
 
-def _remove_empty(folders: list[Path]) -> None:
+def remove_empty(folders: list[Path]) -> None:
     """Remove ``folders`` (deepest first) as long as they are empty."""
     for folder in folders:
         if not folder.is_dir():

@@ -10,10 +10,11 @@ from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
+from seqmoe.gib import GIB
+
 from ..worker import ModelInfo
 from .memory_monitor import MemorySample
 
-GIB = 2**30  # as the engine counts its budgets, and the settings' slider shows them
 BUDGET_COLOUR = "#d32f2f"
 COLOURS = {
     "resident weights": "#7e57c2",

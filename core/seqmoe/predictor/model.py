@@ -30,6 +30,7 @@ from torch.nn import functional as F
 
 from ..counts import is_count
 from ..errors import SeqMoEError
+from ..non_finite import first_non_finite
 from ..router_probe import same_answers
 from ..threads import one_cpu_thread
 from ..user_files import check_output, replacing, writing
@@ -79,12 +80,17 @@ class PredictorConfig:
             and all(isinstance(value, (int, float)) for row in self.frequency for value in row)
         ):
             raise ValueError(f"frequency must be {self.num_layers} lists of {self.num_experts} numbers")
-        # json reads NaN and Infinity; either would poison the usage history eviction starts from
-        # (``prior``). Only floats are asked: an int too large for a float overflows in ``isfinite``.
-        if any(isinstance(value, float) and not math.isfinite(value) for row in self.frequency for value in row):
+        # json reads NaN and Infinity; either would poison the usage history eviction starts from (``prior``).
+        if first_non_finite(self.frequency) is not None:
             raise ValueError("frequency must hold finite numbers, got NaN or Infinity")
         if not all(is_count(runs) for runs in self.reuse_horizons):
             raise ValueError(f"reuse_horizons must be whole numbers, got {self.reuse_horizons!r}")
+
+    @classmethod
+    def read(cls, file: Path) -> PredictorConfig:
+        """The config in ``file``: ``OSError`` where it cannot be read, ``TypeError`` or
+        ``ValueError`` where it holds no predictor config of this version."""
+        return cls(**json.loads(file.read_text(encoding="utf-8")))
 
     def prior(self) -> torch.Tensor:
         """``[L, E]`` each expert's chance of use per token in the training traces, where eviction's
@@ -209,7 +215,7 @@ def check_predictor_output(path: Path, flag: str) -> None:
 
 def _is_predictor_config(file: Path) -> bool:
     try:
-        PredictorConfig(**json.loads(file.read_text(encoding="utf-8")))
+        PredictorConfig.read(file)
     except (OSError, TypeError, ValueError):  # none there, a folder, not JSON, not a predictor's
         return False
     return True
@@ -245,7 +251,7 @@ def load_predictor(path: Path, identity: dict[str, object] | None = None, device
     if not config_file.is_file():
         raise SeqMoEError(f"no predictor at {path} (it needs {path.name} and {config_file.name})")
     try:
-        config = PredictorConfig(**json.loads(config_file.read_text()))
+        config = PredictorConfig.read(config_file)
     except (TypeError, ValueError) as error:
         raise SeqMoEError(f"{config_file.name} is not a predictor config of this seqmoe version: {error}") from None
     if identity is not None and not same_model(config.model, identity, routers=False):
