@@ -97,6 +97,21 @@ def test_the_replys_speed_and_hit_rate_are_those_of_generating_with_the_prompts_
     assert view.values["hit rate"] == "50.0% (2 hits, 1 late, 1 misses; with the prompt 28.6%)"
 
 
+def test_a_value_wider_than_the_panel_is_cut_with_an_ellipsis_and_its_row_tooltip_holds_it_whole(qtbot) -> None:
+    # It used to be painted cut off at the panel's edge: "…; with the prompt 66.6" read as whole.
+    view = CountersView()
+    qtbot.addWidget(view)
+    view.resize(320, view.sizeHint().height())
+    whole = "79.2% (152 hits, 8 late, 32 misses; with the prompt 66.6%)"
+    view.set_values({"hit rate": whole, "tokens/s": "32.4"})
+    shown = view.shown_value("hit rate")
+    assert shown.endswith("…") and whole.startswith(shown[:-1]) and view.shown_value("tokens/s") == "32.4"
+    row = view.names.index("hit rate")
+    assert view.row_tooltip(row).startswith(f"hit rate: {whole}\nExperts found in the cache")
+    view.resize(2000, view.height())
+    assert view.shown_value("hit rate") == whole
+
+
 def test_a_new_generation_resets_the_counters_but_keeps_the_cache_map(recorded) -> None:
     events, info, _stats = recorded
     model = TelemetryModel(info.num_layers, info.experts_per_layer, info.bytes_per_copy)
