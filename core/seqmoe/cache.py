@@ -120,6 +120,8 @@ class ExpertCache:
         """Smoothed host time of one ``plan``, the copies it queues included."""
         self._copies_this_layer = 0
         self._stalled_this_layer = 0.0
+        self._overlapped = 0.0
+        """The host work of the last layer's ``meanwhile``, until a stall of that layer is read."""
 
     @property
     def size(self) -> int:
@@ -142,6 +144,12 @@ class ExpertCache:
         if len(set(experts)) != len(experts):  # two slots would hold the expert, and the books lose one
             raise ValueError(f"layer {layer} names an expert twice: {list(experts)}")
         phase = "prefill" if prefill else "decode"
+        # On CUDA a layer's stall can be read only once the GPU has passed it, which the host
+        # knows after the next layer's routing: read here, it is charged to the layer that
+        # waited, whose time ``_time_layer`` closes now. Read after the wait below instead, it
+        # was charged to the next layer, whose compute then came out near zero and its link
+        # load in the hundreds, which stopped prefetching.
+        stalls = self._take_stalls()
         if not prefill:
             self._time_layer()
         self._settle_queued()
@@ -190,14 +198,23 @@ class ExpertCache:
         except BaseException:
             self._abandon(pinned, phase)
             raise
-        stalls = self.copier.take_stalls()
-        stalled = sum(stall.seconds for stall in stalls if stall.phase == "decode")
-        # A layer that still waited after ``meanwhile`` waited for the link all along: the host
-        # work only filled the wait, and the link, not the host, set the layer's time.
-        self._stalled_this_layer += stalled + overlapped if stalled > 0 else 0.0
+        # The emulated link measures a stall as the layer waits: this layer's is read here.
+        self._overlapped = overlapped
+        stalls += self._take_stalls()
         if self.events.active:
             self._report(layer, stalls)
         return slots
+
+    def _take_stalls(self) -> list[MeasuredStall]:
+        """The stalls measured since the last look, charged to the decode layer being timed."""
+        stalls = self.copier.take_stalls()
+        stalled = sum(stall.seconds for stall in stalls if stall.phase == "decode")
+        if stalled > 0:
+            # A layer that still waited after ``meanwhile`` waited for the link all along: the host
+            # work only filled the wait, and the link, not the host, set the layer's time.
+            self._stalled_this_layer += stalled + self._overlapped
+            self._overlapped = 0.0
+        return stalls
 
     def _pin_resident(self, key: ExpertKey) -> int | None:
         """Pin the slot that holds (or is receiving) ``key``; ``None`` if it is not there."""

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from seqmoe.cache import ExpertCache
+from seqmoe.cache import LAYER_TIME_SMOOTHING, ExpertCache
 from seqmoe.events import EventBus, ExpertEvicted, LayerRouted, PrefetchUnused
 from seqmoe.policies import (
     DISCOUNT_TOKENS,
@@ -30,7 +30,7 @@ from seqmoe.policies import (
 from seqmoe.reliability import Reliability
 from seqmoe.simulate import SimulatedCopier, VirtualClock
 from seqmoe.store import HostStore, SlotState
-from seqmoe.transfer import CopyJob, EmulatedCopier, JobState, take_queued
+from seqmoe.transfer import CopyJob, EmulatedCopier, JobState, MeasuredStall, take_queued
 
 from .test_cache import FakeExperts
 
@@ -306,6 +306,35 @@ def test_link_load_is_copy_time_per_second_of_compute_stalls_excluded() -> None:
     cache.release(cache.acquire(1, [1], prefill=False))
     # One 4 s copy per second of compute; over the 5 s the layer took it would look like 0.8.
     assert cache.link_load == pytest.approx(4.0)
+
+
+class StallsReadLate(SimulatedCopier):
+    """CUDA's way with stalls: one is read once the GPU has passed it, which the host knows only
+    after the next layer's routing, so each is held back until the next look."""
+
+    def __init__(self, clock: VirtualClock, seconds_per_copy: float, expert_bytes: int) -> None:
+        super().__init__(clock, seconds_per_copy, expert_bytes)
+        self._held: list[MeasuredStall] = []
+
+    def take_stalls(self) -> list[MeasuredStall]:
+        ready, self._held = self._held, super().take_stalls()
+        return ready
+
+
+@pytest.mark.parametrize("link", [SimulatedCopier, StallsReadLate])
+def test_a_stall_read_a_layer_late_is_charged_to_the_layer_that_waited(link) -> None:
+    # Charged to the next layer, the layer that waited seemed to compute for all its 5 s (a load of
+    # 0.8, not 4) and the next for 1e-6 s, where one copy asked for reads as a load in the millions.
+    clock = VirtualClock()
+    cache = virtual_cache(4, belady(), clock, seconds_per_copy=4.0, link=link)
+    for slot, layer in enumerate((1, 2)):
+        cache.pool.assign(slot, (layer, 0), None)
+    loads = []
+    for layer in range(3):  # a miss (4 s of stall), then two hits
+        cache.release(cache.acquire(layer, [0], prefill=False))
+        clock.now += 1.0  # each layer computes for 1 s
+        loads.append(cache.link_load)
+    assert loads[1:] == pytest.approx([4.0, 4.0 + LAYER_TIME_SMOOTHING * (0.0 - 4.0)])
 
 
 def test_the_cache_tells_its_policy_how_long_decode_layers_take_and_wait_for_copies() -> None:
