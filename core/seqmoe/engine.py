@@ -403,6 +403,7 @@ class Engine:
         """Token ids of ``prompt``, as plain text or as one user turn of the chat template."""
         if chat:
             return self.encode_messages([{"role": "user", "content": prompt}])
+        _check_text(prompt)
         return self.loaded.tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
     def encode_messages(self, messages: list[dict[str, str]]) -> list[int]:
@@ -412,6 +413,8 @@ class Engine:
         turn, where those models take their instructions."""
         tokenizer = self.loaded.tokenizer
         self.loaded.check_chat_template()
+        for message in messages:
+            _check_text(message["content"])
         attempts = [messages]
         folded = _system_in_first_user_turn(messages)
         if folded is not None:
@@ -485,25 +488,29 @@ class Engine:
         tokenizer = self.loaded.tokenizer
         start = time.perf_counter()
         streamer.start = start
+        output = None
         try:
-            output = self.loaded.model.generate(
-                inputs,
-                attention_mask=torch.ones_like(inputs),
-                max_new_tokens=min(sampling.max_new_tokens, room),
-                do_sample=not sampling.greedy,
-                temperature=None if sampling.greedy else sampling.temperature,
-                top_p=None if sampling.greedy else sampling.top_p,
-                top_k=None,
-                streamer=streamer,
-                stopping_criteria=stopping,
-                cache=kept.cache if reused else None,
-                return_dict_in_generate=True,
-                **_one_token_a_step(),
-                pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-            )
+            with experts_impl.stoppable_prefill(self.loaded.experts, should_stop):
+                output = self.loaded.model.generate(
+                    inputs,
+                    attention_mask=torch.ones_like(inputs),
+                    max_new_tokens=min(sampling.max_new_tokens, room),
+                    do_sample=not sampling.greedy,
+                    temperature=None if sampling.greedy else sampling.temperature,
+                    top_p=None if sampling.greedy else sampling.top_p,
+                    top_k=None,
+                    streamer=streamer,
+                    stopping_criteria=stopping,
+                    cache=kept.cache if reused else None,
+                    return_dict_in_generate=True,
+                    **_one_token_a_step(),
+                    pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+                )
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             seconds = time.perf_counter() - start
+        except experts_impl.StoppedInPrefill:
+            seconds = time.perf_counter() - start  # no token yet: the reply is empty
         except torch.OutOfMemoryError:
             raise SeqMoEError(
                 f"the {self.device.type} ran out of memory while generating; choose a smaller VRAM budget"
@@ -522,9 +529,9 @@ class Engine:
                 self.cache.end_of_generation()
         after = self._counters()
         counts = {key: after[key] - before[key] for key in after}
-        sequence = output.sequences[0].tolist()
+        sequence = prompt_ids if output is None else output.sequences[0].tolist()
         token_ids = sequence[len(prompt_ids) :]
-        if keep_context:
+        if keep_context and output is not None:
             self._kept = KeptContext.after(output.cache, sequence)
         stats = GenerationStats(
             tokens=len(token_ids),
@@ -545,10 +552,16 @@ class Engine:
             prompt_tokens=len(prompt_ids),
             reused_prompt_tokens=reused,
             time_to_first_token=(streamer.first_token_at or seconds + start) - start,
-            context_full=len(token_ids) == room < sampling.max_new_tokens,
+            context_full=len(token_ids) == room < sampling.max_new_tokens and not self._ended_itself(token_ids),
         )
         text = tokenizer.decode(token_ids, skip_special_tokens=True)
         return GenerationResult(token_ids=token_ids, text=text, prompt_tokens=len(prompt_ids), stats=stats)
+
+    def _ended_itself(self, token_ids: list[int]) -> bool:
+        """Whether the reply's last token is one the model ends a reply with."""
+        ends = self.loaded.model.generation_config.eos_token_id
+        ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
+        return bool(token_ids) and token_ids[-1] in ends
 
     def close(self) -> None:
         """Give the cache back and leave the model free for another engine; this one takes no more
@@ -698,6 +711,16 @@ def _check_link(gbps: float, latency_s: float) -> None:
     if not (low <= gbps <= high and 0 <= latency_s <= MAX_LINK_LATENCY_S):  # NaN fails every comparison
         raise SeqMoEError(f"the emulated link needs a speed above 0 GB/s (from {low:g} to {high:g}) and a latency of "
                           f"at least 0 µs (at most {MAX_LINK_LATENCY_S * 1e6:g}), not {gbps} GB/s and {latency_s * 1e6} µs")
+
+
+def _check_text(text: str) -> None:
+    """Refuse text the tokenizer cannot take, in one line: a lone surrogate is what Python makes of
+    bytes that are not UTF-8 in a command-line argument, and the tokenizer raises a TypeError on it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise SeqMoEError(f"the prompt is not valid UTF-8 text: it holds {text[error.start]!r} at character "
+                          f"{error.start}, as bytes that are not UTF-8 become; give it as UTF-8") from None
 
 
 class _StopFlag(StoppingCriteria):

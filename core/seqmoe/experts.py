@@ -250,6 +250,32 @@ def decode_phase(experts: Sequence[nn.Module]) -> Iterator[None]:
             runtime.decoding = False
 
 
+class StoppedInPrefill(Exception):
+    """A stop asked for while the prompt was being read: raised between two MoE layers."""
+
+
+@contextmanager
+def stoppable_prefill(experts: Sequence[nn.Module], should_stop: Callable[[], bool] | None) -> Iterator[None]:
+    """Check ``should_stop`` before each MoE layer of prefill, and raise ``StoppedInPrefill`` once
+    it says so. Generation checks it only after each token, and an offloaded long prompt, which
+    streams every layer's experts, can take minutes before its first token."""
+    if should_stop is None:
+        yield
+        return
+
+    def check(module: nn.Module, _args: object) -> None:
+        runtime = module.__dict__.get(_RUNTIME_ATTR)
+        if runtime is not None and not runtime.decoding and should_stop():
+            raise StoppedInPrefill
+
+    hooks = [module.register_forward_pre_hook(check) for module in experts]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 def _set_base(experts: Sequence[nn.Module], name: str) -> None:
     for module in experts:
         runtime = module.__dict__.get(_RUNTIME_ATTR)

@@ -230,3 +230,50 @@ def test_after_a_configure_that_failed_the_engine_generates_once_one_succeeds(mi
         engine.generate(PROMPT, GREEDY)
     engine.configure("lru", cache_ratio=0.3)
     assert engine.generate(PROMPT, GREEDY).stats.cache_slots == engine.geometry.slots_for_ratio(0.3)
+
+
+@pytest.mark.parametrize("stop_after_layers", [0, 1])
+def test_a_stop_during_the_prompt_ends_the_reply_before_its_first_token(mixtral, stop_after_layers: int) -> None:
+    # Checked only after each token, a stop waited for the whole prefill, minutes for a long prompt.
+    reference = Engine(mixtral)
+    expected = reference.generate(PROMPT, GREEDY).token_ids
+    reference.close()
+    engine = Engine(mixtral)
+    engine.configure("lru", cache_ratio=0.5)
+    asked = []
+
+    def should_stop() -> bool:
+        asked.append(True)
+        return len(asked) > stop_after_layers
+
+    stopped = engine.generate(PROMPT, GREEDY, should_stop=should_stop)
+    assert stopped.token_ids == [] and stopped.text == "" and stopped.stats.tokens == 0
+    assert len(asked) == stop_after_layers + 1  # no MoE layer ran after the stop
+    assert engine.generate(PROMPT, GREEDY, keep_context=True).token_ids == expected
+    engine.close()
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_prompt_that_is_not_utf8_is_refused_in_one_line(mixtral, chat: bool) -> None:
+    # Bytes that are not UTF-8 in a command-line argument become a lone surrogate: the tokenizer
+    # raised a TypeError (a traceback), the chat template a message blaming the template.
+    engine = Engine(mixtral)
+    with pytest.raises(SeqMoEError, match="the prompt is not valid UTF-8 text: it holds '\\\\udce9' at character 3"):
+        engine.encode("caf\udce9", chat=chat)
+    engine.close()
+
+
+def test_a_reply_that_ends_itself_as_the_context_fills_is_not_said_to_be_cut_off() -> None:
+    loaded = load_model(str(demo_model_dir()), device="cpu")
+    engine = Engine(loaded)
+    prompt = engine.encode("Tell me about the sea.", chat=True)
+    free = engine.generate(prompt, Sampling(max_new_tokens=200))
+    engine.close()
+    assert free.token_ids[-1] == loaded.model.generation_config.eos_token_id and not free.stats.context_full
+    engine = Engine(loaded, context_tokens=len(prompt) + len(free.token_ids))
+    exact = engine.generate(prompt, Sampling(max_new_tokens=200))
+    assert exact.token_ids == free.token_ids and not exact.stats.context_full
+    engine.close()
+    engine = Engine(loaded, context_tokens=len(prompt) + len(free.token_ids) - 1)
+    cut = engine.generate(prompt, Sampling(max_new_tokens=200))
+    assert cut.token_ids == free.token_ids[:-1] and cut.stats.context_full
