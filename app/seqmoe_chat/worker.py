@@ -86,7 +86,8 @@ def open_engine(model: str, options: EngineOptions, on_progress: Progress, relea
         if fraction < 1.0:  # the model is ready once its link is set and its cache built, below
             on_progress(stage, LOADING_SHARE * fraction)
 
-    loaded = load_model(model or str(demo_model_dir()), device=options.device, on_progress=loading, on_checked=release)
+    loaded = load_model(model or str(demo_model_dir()), device=options.device, on_progress=loading, on_checked=release,
+                        for_chat=True)
     engine = Engine(loaded, link_gbps=options.link_gbps, context_tokens=options.context_tokens)
     engine.horizon = options.horizon
     try:

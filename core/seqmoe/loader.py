@@ -603,8 +603,10 @@ def load_model(
     dtype: str | None = None,
     on_progress: Progress | None = None,
     on_checked: Callable[[], None] | None = None,
+    for_chat: bool = False,
 ) -> LoadedModel:
-    """Open ``model`` with its experts in host memory and everything else on ``device``.
+    """Open ``model`` with its experts in host memory and everything else on ``device``; with
+    ``for_chat``, only a model whose tokenizer has a chat template (a chat app has no other input).
 
     ``on_checked`` is called once the checks that take no memory have passed (files, config,
     architecture, tokenizer), before free memory is measured and any weight is read: a caller
@@ -618,6 +620,9 @@ def load_model(
     path = resolve(model)
     progress("Checking the model", 0.05)
     checked = check_model(path)
+    if for_chat and not checked.tokenizer.chat_template:
+        raise ModelRefused(f"{model_name(path)} has no chat template: it is not made for chat (a base model, "
+                           "not a chat or instruct one); load a chat model, or give it plain text with `seqmoe generate`")
     need = weights_bytes(checked.skeleton, checked.files, dtype)
     check_ram_size(path.name, need, dtype)
     if on_checked is not None:

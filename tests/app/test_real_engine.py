@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from seqmoe.resources import demo_model_dir
+from tests.core.conftest import without_chat_template
 
 from seqmoe_chat.application import open_context
 from seqmoe_chat.main_window import MainWindow
@@ -62,3 +63,22 @@ def test_self_test_fails_with_one_line_when_the_model_does_not_load(tmp_path: Pa
     assert run_self_test(str(tmp_path / "no-such-model")) == 1
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("seqmoe-chat self-test: FAILED: the model could not be loaded: ") and "no-such-model" in line
+
+
+def test_a_model_without_a_chat_template_is_refused_and_the_model_before_stays(
+    qtbot, tiny_model: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    # It loaded, the model before it went, and every message then failed.
+    context = open_context(data_dir)
+    window = MainWindow(context, str(tiny_model))
+    qtbot.addWidget(window)
+    window.show()
+    window.start()
+    qtbot.waitUntil(lambda: model_shown(window), timeout=60_000)
+    plain = without_chat_template(tiny_model, tmp_path / "plain")
+    with qtbot.waitSignal(context.client.worker.sig_load_failed, timeout=60_000) as failed:
+        window.load_model(str(plain))
+    _id, reason, kept = failed.args
+    assert "plain has no chat template: it is not made for chat" in reason and kept
+    qtbot.waitUntil(lambda: model_shown(window), timeout=10_000)
+    assert window.status.model.text() == "tiny-qwen3-moe"

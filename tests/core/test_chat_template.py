@@ -10,6 +10,7 @@ import pytest
 
 from seqmoe import Engine, SeqMoEError, load_model
 from seqmoe.cli import main
+from seqmoe.errors import ModelRefused
 
 from .conftest import CHAT_TEMPLATE, CHAT_TEXT, without_chat_template
 
@@ -89,3 +90,15 @@ def test_a_model_in_the_hugging_face_cache_is_named_by_its_repository(
     status = main(["generate", "--prompt", "hi", "--model", str(model), "--device", "cpu", "--chat"])
     assert status == 2 and capsys.readouterr().err == (
         "seqmoe: error: acme/tiny-moe has no chat template; drop --chat to send the text as plain text\n")
+
+
+def test_a_model_without_a_chat_template_is_refused_for_chat_before_the_model_loaded_before_goes(
+    mixtral_dir: Path, tmp_path: Path
+) -> None:
+    # A chat app loaded it, let the model before go, and then failed every message sent to it.
+    model = without_chat_template(mixtral_dir, tmp_path / "plain")
+    released = []
+    with pytest.raises(ModelRefused, match="plain has no chat template: it is not made for chat"):
+        load_model(str(model), device="cpu", on_checked=lambda: released.append(True), for_chat=True)
+    assert not released
+    assert not load_model(str(model), device="cpu").has_chat_template  # plain text still has it
