@@ -178,7 +178,7 @@ class OffloadedLayer:
             slots = self.cache.acquire(self.layer, group, prefill)
             try:
                 lookup = _slot_lookup(group, slots, index)
-                rows = torch.isin(flat, lookup.new_tensor(group)).nonzero().squeeze(1)
+                rows = torch.isin(flat, _index_tensor(group, lookup.device)).nonzero().squeeze(1)
                 pair_index = lookup[flat[rows]].unsqueeze(1)
                 pair_out[rows] = self.base(view, hidden[rows // top_k], pair_index, ones.expand(rows.numel(), 1))
             finally:
@@ -198,7 +198,14 @@ def _slot_lookup(experts: list[int], slots: list[int], like: torch.Tensor) -> to
     lookup = [0] * (max(experts) + 1)
     for expert, slot in zip(experts, slots):
         lookup[expert] = slot
-    return torch.tensor(lookup, dtype=torch.long).to(like.device, non_blocking=True)
+    return _index_tensor(lookup, like.device)
+
+
+def _index_tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    """``values`` as a long tensor on ``device``. For a GPU it is made in page-locked memory: a
+    non-blocking copy from ordinary memory may make the host wait for the compute stream, which
+    has just been told to wait for the layer's copies, before the layer's kernels are launched."""
+    return torch.tensor(values, dtype=torch.long, pin_memory=device.type == "cuda").to(device, non_blocking=True)
 
 
 def follow_decode_switch(model: nn.Module, experts: Sequence[nn.Module], name: str, expert_bytes: int) -> None:
