@@ -597,6 +597,12 @@ Progress = Callable[[str, float], None]
 """Told (stage, fraction done) between loading stages; it may raise to cancel the load."""
 
 
+def not_for_chat(name: str) -> ModelRefused:
+    """The refusal of model ``name``, whose tokenizer has no chat template, by a chat."""
+    return ModelRefused(f"{name} has no chat template: it is not made for chat (a base model, not a chat or "
+                        "instruct one); load a chat model, or give it plain text with `seqmoe generate`")
+
+
 def load_model(
     model: str,
     device: str = "auto",
@@ -621,8 +627,7 @@ def load_model(
     progress("Checking the model", 0.05)
     checked = check_model(path)
     if for_chat and not checked.tokenizer.chat_template:
-        raise ModelRefused(f"{model_name(path)} has no chat template: it is not made for chat (a base model, "
-                           "not a chat or instruct one); load a chat model, or give it plain text with `seqmoe generate`")
+        raise not_for_chat(model_name(path))
     need = weights_bytes(checked.skeleton, checked.files, dtype)
     check_ram_size(path.name, need, dtype)
     if on_checked is not None:

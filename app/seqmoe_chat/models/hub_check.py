@@ -20,6 +20,8 @@ _HUB_URL = re.compile(
     r"^(?:https?://)?(?:www\.)?(?:huggingface\.co|hf\.co)/(?P<repo>[^/\s?#]+/[^/\s?#]+)"
     r"(?:/(?:tree|blob|resolve)/(?P<revision>[^/\s?#]+))?(?:[/?#]\S*)?$"
 )
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+"""Where a repository keeps its chat template when its tokenizer config does not hold it."""
 _NOT_MODELS = {"datasets": "a dataset", "spaces": "a Space"}
 """The first part of the hub's other addresses, which its model ids cannot start with."""
 
@@ -78,7 +80,7 @@ def check_repo(reference: HubReference, endpoint: str | None = None) -> HubModel
     import_engine()
     from huggingface_hub import HfApi
     from seqmoe.errors import ModelRefused
-    from seqmoe.loader import check_supported, read_config
+    from seqmoe.loader import check_supported, not_for_chat, read_config
 
     repo_id, revision = reference.repo_id, reference.revision
     with tempfile.TemporaryDirectory() as temporary:
@@ -103,6 +105,9 @@ def check_repo(reference: HubReference, endpoint: str | None = None) -> HubModel
                 index = json.loads(_fetch(reference, INDEX_FILE, folder, endpoint).read_text(encoding="utf-8"))
         except Exception as error:  # noqa: BLE001
             raise describe(error, repo_id, revision) from None
+        if not (_template_in(folder / "tokenizer_config.json") or any(name in files for name in CHAT_TEMPLATE_FILES)):
+            # The app would refuse it once downloaded, tens of GB later.
+            raise HubRefusal(UNSUPPORTED, str(not_for_chat(repo_id)))
     chosen = download_set(files, index)
     if not any(f.is_weights for f in chosen):
         raise HubRefusal(NO_WEIGHTS, f"{repo_id} has no safetensors weights; seqmoe never loads pickle (.bin) files")
@@ -115,6 +120,15 @@ def check_repo(reference: HubReference, endpoint: str | None = None) -> HubModel
         license=str(card.get("license", "") if card is not None else "") or "not stated",
         gated=info.gated or False,
     )
+
+
+def _template_in(tokenizer_config: Path) -> bool:
+    """Whether the tokenizer config, if the repository has one, holds a chat template."""
+    try:
+        config = json.loads(tokenizer_config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none, or one the loader will refuse with its own reason
+        return False
+    return isinstance(config, dict) and bool(config.get("chat_template"))
 
 
 def _fetch(reference: HubReference, filename: str, folder: Path, endpoint: str | None) -> Path:

@@ -132,3 +132,21 @@ def test_a_config_holding_nan_is_refused_as_unsupported_by_its_key(hub, tiny_rep
     assert refused.value.kind == UNSUPPORTED
     assert "config.json of nan-moe: rms_norm_eps is NaN; a model's config holds finite numbers" in str(refused.value)
     assert not hub.file_requests(".safetensors")
+
+
+def test_a_model_without_a_chat_template_is_refused_before_its_download(hub, tiny_repo: Path, tmp_path: Path) -> None:
+    # The app refuses it once loaded: downloading it would have been tens of GB for nothing.
+    base = shutil.copytree(tiny_repo, tmp_path / "base-moe")
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    template = config.pop("chat_template")
+    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    hub.add("seqmoe-tests/base-moe", base)
+    with pytest.raises(HubRefusal) as refused:
+        check_repo(HubReference("seqmoe-tests/base-moe"))
+    assert refused.value.kind == UNSUPPORTED
+    assert str(refused.value).startswith("seqmoe-tests/base-moe has no chat template: it is not made for chat")
+    assert not hub.file_requests(".safetensors")
+    # Newer repositories keep the template in a file of its own.
+    (base / "chat_template.jinja").write_text(template)
+    hub.add("seqmoe-tests/base-moe", base)
+    assert check_repo(HubReference("seqmoe-tests/base-moe")).architecture == "Qwen3MoeForCausalLM"
