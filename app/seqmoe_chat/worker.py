@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
+from seqmoe.reply_text import ReplyText
 
 from .engine_import import import_engine
 from .store import EngineOptions, SamplingSettings
-from .token_text import TokenText
 
 if TYPE_CHECKING:
     from seqmoe import Engine
@@ -331,7 +331,7 @@ class EngineWorker(QObject):
             self.sig_reply_needs_model.emit(request_id)
             return
         engine = self._engine
-        stream = TokenText(engine.loaded.tokenizer)
+        stream = ReplyText(engine.loaded.tokenizer)
         last_emit = 0.0
         decoded = ""  # the text last streamed: what a reply keeps whose tokens its tokenizer cannot decode
 
@@ -393,7 +393,7 @@ def _close_engine(engine: Engine) -> None:
         log.exception("closing the engine failed")
 
 
-def _text_or(stream: TokenText, fallback: str) -> str:
+def _text_or(stream: ReplyText, fallback: str) -> str:
     """All of ``stream``'s text, or ``fallback`` where the tokenizer cannot decode it: a reply that
     failed in its tokenizer would fail here again, and its failure would never be reported."""
     try:

@@ -15,6 +15,7 @@ from .hardware import DEFAULT_SETUP, HARDWARE, SETUPS, SHAPES
 from .policies import POLICY_NAMES
 from .predictor.calibration import CALIBRATION_TOKENS
 from .predictor.model import MAX_HORIZON, MAX_WIDTH
+from .reply_text import Decoder, ReplyText
 from .resources import demo_model_dir
 from .simulate import SIMULATED_POLICIES
 from .stop_signals import Terminated, stop_signals_raise
@@ -229,6 +230,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.json:
         payload = {
             "text": result.text,
+            "reasoning": result.reasoning,
             "token_ids": result.token_ids,
             "prompt_tokens": result.prompt_tokens,
             "stats": result.stats.as_dict(),
@@ -463,18 +465,15 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 class _StreamPrinter:
-    """Prints decoded text as tokens arrive, holding back incomplete UTF-8 sequences."""
+    """Prints a reply's answer as its tokens arrive (``ReplyText``: not a reasoning model's analysis)."""
 
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
+    def __init__(self, tokenizer: Decoder) -> None:
+        self.reply = ReplyText(tokenizer)
         self.printed = 0
 
     def add(self, token_id: int) -> None:
-        self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return
+        self.reply.add(token_id)
+        text = self.reply.text()
         sys.stdout.write(text[self.printed :])
         sys.stdout.flush()
         self.printed = len(text)

@@ -39,6 +39,7 @@ from .errors import BudgetTooSmall, ModelCodeFailed, SeqMoEError
 from .events import EventBus, TokenGenerated
 from .kept_context import KeptContext
 from .loader import LoadedModel
+from .reply_text import ReplyText
 from .routers import RouterLogits, router_logits
 from .policies import (
     ORACLE_NEXT,
@@ -127,9 +128,10 @@ class Sampling:
 @dataclass
 class GenerationResult:
     token_ids: list[int]
-    text: str
+    text: str  # the answer shown to the user: a harmony reply's final channel (reply_text)
     prompt_tokens: int
     stats: GenerationStats
+    reasoning: str = ""  # a harmony reply's analysis channel
 
 
 class Engine:
@@ -554,8 +556,9 @@ class Engine:
             time_to_first_token=(streamer.first_token_at or seconds + start) - start,
             context_full=len(token_ids) == room < sampling.max_new_tokens and not self._ended_itself(token_ids),
         )
-        text = tokenizer.decode(token_ids, skip_special_tokens=True)
-        return GenerationResult(token_ids=token_ids, text=text, prompt_tokens=len(prompt_ids), stats=stats)
+        reply = ReplyText.of(tokenizer, token_ids)
+        return GenerationResult(token_ids=token_ids, text=reply.text(), prompt_tokens=len(prompt_ids), stats=stats,
+                                reasoning=reply.reasoning())
 
     def _ended_itself(self, token_ids: list[int]) -> bool:
         """Whether the reply's last token is one the model ends a reply with."""

@@ -11,6 +11,7 @@ import pytest
 from seqmoe.errors import SeqMoEError
 from seqmoe.hardware import DEFAULT_SETUP
 
+from seqmoe_chat import worker as worker_module
 from seqmoe_chat.store import EngineOptions, SamplingSettings
 from seqmoe_chat.store.settings import DEFAULT_LINK_GBPS, DEFAULT_LINK_SETUP
 from seqmoe_chat.worker import EngineWorker, ReplyResult, link_setup
@@ -53,6 +54,21 @@ def test_loading_reports_progress_and_replies_stream(worker: EngineWorker, tiny_
     assert [tokens for _, _, tokens in streamed] == sorted(tokens for _, _, tokens in streamed)
     for key in ("tokens", "tokens_per_s", "time_to_first_token", "hit_rate", "stall_seconds", "cache_ratio"):
         assert key in result.stats
+
+
+def test_a_reasoning_models_reply_streams_and_keeps_only_its_answer(
+    worker: EngineWorker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.core.harmony import ANSWER, QUESTION, build_harmony_model
+
+    monkeypatch.setattr(worker_module, "STREAM_INTERVAL_S", 0.0)  # every token's text streamed
+    recorder = Recorder(worker)
+    worker.load(1, str(build_harmony_model(tmp_path / "tiny-gpt-oss")), EngineOptions(policy="lru"))
+    worker.generate(2, [{"role": "user", "content": QUESTION}], GREEDY)
+    ((_, result),) = recorder.of("sig_reply_finished")
+    streamed = [text for _, text, _ in recorder.of("sig_reply_streamed")]
+    # The analysis streams as the waiting state (no text), then the answer; it is what the chat stores.
+    assert result.text == ANSWER and streamed == [""] * 13 + ["Hello", ANSWER, ANSWER]
 
 
 def test_stop_takes_effect_within_one_token(worker: EngineWorker, tiny_model: Path) -> None:
