@@ -24,7 +24,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from .engine_client import EngineClient
 from .stall_monitor import StallMonitor
-from .store import ConversationStore, Message, SamplingSettings
+from .store import ConversationStore, Message, SamplingSettings, ThreadEntry
 from .store.conversations import DEFAULT_TITLE
 from .store.records import ASSISTANT, DONE, FAILED, STOPPED, STREAMING, USER
 from .worker import ReplyResult
@@ -160,7 +160,7 @@ class ChatSession(QObject):
         prompt = [{"role": "system", "content": conversation.system_prompt}] if conversation.system_prompt else []
         prompt += [
             {"role": entry.message.role, "content": entry.message.content}
-            for entry in self.store.thread(conversation_id, leaf_id=parent_id)
+            for entry in self.thread(conversation_id, leaf_id=parent_id)
             if entry.message.content
         ]
         try:
@@ -255,9 +255,18 @@ class ChatSession(QObject):
             self._save_failing = True
             self.sig_save_failed.emit(str(error))
 
+    def thread(self, conversation_id: int, leaf_id: int | None = None) -> list[ThreadEntry]:
+        """The thread as ``ConversationStore.thread`` gives it, with the changes the database has
+        not taken yet: a reply it refused is shown, and sent to the model, as it ended."""
+        return [dataclasses.replace(entry, message=self._with_unsaved(entry.message))
+                for entry in self.store.thread(conversation_id, leaf_id)]
+
     def _message(self, message_id: int) -> Message:
-        """The message as stored, with the changes the database has not taken yet."""
-        return dataclasses.replace(self.store.message(message_id), **self._unsaved.get(message_id, {}))
+        return self._with_unsaved(self.store.message(message_id))
+
+    def _with_unsaved(self, message: Message) -> Message:
+        """``message`` as stored, with the changes the database has not taken yet."""
+        return dataclasses.replace(message, **self._unsaved.get(message.id, {}))
 
 
 def _as_sent(text: str) -> str:

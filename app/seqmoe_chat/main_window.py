@@ -222,8 +222,9 @@ class MainWindow(QMainWindow):
         conversation_id = self.session.conversation_id
         conversation = self.store.get(conversation_id) if conversation_id and self.store.exists(conversation_id) else None
         self.header.show_conversation(conversation)
-        # Qt adds the application's display name to the title on its own.
-        self.setWindowTitle(conversation.title if conversation else APP_TITLE)
+        # Qt adds the application's display name to the title on its own, and shows "[*]" only when
+        # the window is modified; doubled, it shows one "[*]" (a title can hold it).
+        self.setWindowTitle(conversation.title.replace("[*]", "[*][*]") if conversation else APP_TITLE)
 
     def new_conversation(self) -> None:
         with self._changing_chats("Starting a new chat"):
@@ -311,7 +312,7 @@ class MainWindow(QMainWindow):
     def _show_thread(self) -> None:
         conversation_id = self.session.conversation_id
         exists = conversation_id is not None and self.store.exists(conversation_id)
-        self.chat.show_thread(self.store.thread(conversation_id) if exists else [], self.session.busy)
+        self.chat.show_thread(self.session.thread(conversation_id) if exists else [], self.session.busy)
         self.refresh_conversations()
 
     def _on_message_added(self, message: Message) -> None:

@@ -139,6 +139,9 @@ class Sidebar(QWidget):
             # ending mid-rename refreshes it): the latest list waits for the editor to close.
             self._deferred = (summaries, current_id)
             return
+        # Newer than any list still waiting for the editor to close: replayed after this one, that
+        # list would select the chat it held as current, not the one now shown.
+        self._deferred = None
         self._filling = True
         if self._shows(summaries):
             # Most refreshes change nothing listed (one action often refreshes twice); refilled,

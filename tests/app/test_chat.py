@@ -349,6 +349,30 @@ def test_a_full_disk_loses_no_reply_and_no_message(qtbot, window, backend, monke
     monkeypatch.setattr(window.store, "add_message", add)
 
 
+def test_a_reply_the_disk_refused_is_shown_whole_after_a_switch_and_sent_with_the_next_message(
+    qtbot, window, backend, monkeypatch
+) -> None:
+    send(qtbot, window, "Elsewhere")
+    wait_idle(qtbot, window)
+    other = window.session.conversation_id
+    window.session.new_conversation()
+    update = window.store.update_message
+    monkeypatch.setattr(window.store, "update_message", lambda *a, **k: (_ for _ in ()).throw(
+        sqlite3.OperationalError("database or disk is full")))
+    send(qtbot, window, "Hello")
+    wait_idle(qtbot, window)
+    this = window.session.conversation_id
+    window.session.open(other)
+    window.session.open(this)
+    reply = list(window.chat.widgets.values())[1]
+    answer = reply_for([{"role": "user", "content": "Hello"}])
+    assert reply.body.source_text == answer and "Generating" not in reply.note.text()
+    monkeypatch.setattr(window.store, "update_message", update)  # space is freed
+    send(qtbot, window, "And then?")
+    wait_idle(qtbot, window)
+    assert {"role": "assistant", "content": answer} in backend.prompts[-1]
+
+
 def test_an_edit_the_database_refuses_stays_in_its_editor(qtbot, window, monkeypatch) -> None:
     # The editor used to close first: the edited text was gone, and reopened it held the old one.
     send(qtbot, window, "What is 2+2?")

@@ -152,6 +152,30 @@ def test_deleting_a_conversation_can_be_undone(qtbot, window) -> None:
     assert window.session.conversation_id == doomed and len(stored(window)) == 2
 
 
+def test_a_chat_clicked_while_a_rename_waits_out_a_reply_is_the_one_selected_and_deleted(
+    qtbot, window, backend
+) -> None:
+    other = chat(qtbot, window, "Chat B")
+    window.session.new_conversation()
+    backend.token_delay_s, backend.repeat = 0.02, 6
+    send(qtbot, window, "Chat A")
+    window.rename_current()
+    wait_idle(qtbot, window)  # the reply's end refreshes the list once the editor closes
+    sidebar = window.sidebar
+    row = sidebar.list.visualItemRect(sidebar.list.item(sidebar.ids().index(other)))
+    qtbot.mouseClick(sidebar.list.viewport(), Qt.MouseButton.LeftButton, pos=row.center())
+    qtbot.wait(20)  # for the editor, closed by the click, to say so
+    assert window.session.conversation_id == other and sidebar.current_id() == other
+    sidebar.list.setFocus()
+    qtbot.keyClick(sidebar.list, Qt.Key.Key_Delete)
+    assert titles(window) == ["Chat A"]
+
+
+def test_a_title_holding_qts_modified_mark_shows_it_in_the_window_title(qtbot, window) -> None:
+    chat(qtbot, window, "Is [*] or [*][*] a mark?")
+    assert window.windowHandle().title() == "Is [*] or [*][*] a mark?"
+
+
 def test_a_rename_or_delete_the_database_refuses_is_said_and_the_list_shows_what_is_stored(
     qtbot, window, monkeypatch
 ) -> None:
