@@ -32,8 +32,10 @@ from seqmoe_chat.panel.counters import CountersView
 from seqmoe_chat.panel.forecast_view import NO_FORECAST_COLOUR, ForecastView
 from seqmoe_chat.panel.layer_grid import LayerGrid
 from seqmoe_chat.panel.memory_monitor import NO_NVML, MemoryMonitor, MemorySample
+from seqmoe_chat.panel.memory_view import Segment, StackedBar
 from seqmoe_chat.panel.telemetry_model import CELL_STATES, TelemetryModel
 from seqmoe_chat.store.records import DONE
+from seqmoe_chat.theme import apply_theme
 from seqmoe_chat.worker import model_info
 
 from .test_chat import send, stored, wait_idle
@@ -95,6 +97,27 @@ def test_the_replys_speed_and_hit_rate_are_those_of_generating_with_the_prompts_
     view.show_model(model, None)
     assert view.values["tokens/s"] == "20.0 (3 tokens, the first after 0.50 s)"
     assert view.values["hit rate"] == "50.0% (2 hits, 1 late, 1 misses; with the prompt 28.6%)"
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_a_memory_bars_free_part_and_outline_stand_out_from_the_window(qtbot, qapp, theme: str) -> None:
+    # In the dark theme the outline had the window's colour: the RAM bar read as a stub of colour.
+    apply_theme(qapp, theme)
+    try:
+        bar = StackedBar()
+        qtbot.addWidget(bar)
+        bar.resize(200, 18)
+        bar.set_segments([Segment("this process", 10)], total=100)
+        image = bar.grab().toImage()
+        window = bar.palette().window().color()
+
+        def apart(x: int, y: int) -> int:
+            pixel = image.pixelColor(x, y)
+            return max(abs(pixel.red() - window.red()), abs(pixel.green() - window.green()), abs(pixel.blue() - window.blue()))
+
+        assert apart(150, 0) > 40 and apart(150, 9) > 8  # the outline, and the free part inside it
+    finally:
+        apply_theme(qapp, "light")
 
 
 def test_a_value_wider_than_the_panel_is_cut_with_an_ellipsis_and_its_row_tooltip_holds_it_whole(qtbot) -> None:

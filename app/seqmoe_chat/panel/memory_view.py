@@ -58,12 +58,15 @@ class StackedBar(QWidget):
         painter = QPainter(self)
         area = QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5)
         scale = area.width() / self.total
+        # The free part is the base colour and the outline the placeholder text's: both stand out
+        # from the window in the light and the dark palette alike (the dark one's mid colour does not).
+        painter.fillRect(area, self.palette().base())
         x = area.left()
         for segment in self.segments:
             width = segment.size * scale
             painter.fillRect(QRectF(x, area.top(), width, area.height()), QColor(COLOURS[segment.name]))
             x += width
-        painter.setPen(self.palette().mid().color())
+        painter.setPen(self.palette().placeholderText().color())
         painter.drawRect(area)
         if self.marker is not None:
             marker_x = area.left() + min(self.marker, self.total) * scale
