@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from bisect import bisect_left
 from collections import OrderedDict
 from functools import lru_cache
 
@@ -13,6 +15,8 @@ from PySide6.QtGui import QColor, QFont, QFontDatabase, QTextBlock, QTextCharFor
 
 LIGHT_STYLE = "default"
 DARK_STYLE = "monokai"
+_ASTRAL = re.compile("[\U00010000-\U0010FFFF]")
+"""A character that takes two UTF-16 units."""
 
 
 def highlight_code_blocks(document: QTextDocument, dark: bool) -> None:
@@ -53,7 +57,7 @@ def _colour_run(cursor: QTextCursor, first: QTextBlock, last: QTextBlock, code: 
     base = QTextCharFormat()
     base.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
     cursor.mergeCharFormat(base)
-    # Positions in ``code`` equal document positions from ``start``: one separator per line break.
+    # Span positions (UTF-16 units) equal document positions from ``start``: one separator per line break.
     for index, length, char_format in _SPANS.get(code, language, style):
         cursor.setPosition(start + index)
         cursor.setPosition(start + index + length, QTextCursor.MoveMode.KeepAnchor)
@@ -105,12 +109,17 @@ class _SpanCache:
 
 
 def _lexed(code: str, language: str, style: str) -> Spans:
-    """(index, length, format) of the coloured tokens of ``code``."""
+    """(index, length, format) of the coloured tokens of ``code``, in UTF-16 units as Qt counts
+    positions: Pygments counts code points, and each emoji (or other character beyond U+FFFF) before
+    a token would shift its colours one place."""
+    astral = [match.start() for match in _ASTRAL.finditer(code)]
     spans = []
     for index, token, value in _lexer(language).get_tokens_unprocessed(code):
         char_format = _token_format(style, token)
         if char_format is not None:
-            spans.append((index, len(value), char_format))
+            start = index + bisect_left(astral, index)
+            end = index + len(value) + bisect_left(astral, index + len(value))
+            spans.append((start, end - start, char_format))
     return tuple(spans)
 
 

@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QPalette, QResizeEvent, QTextDocument
+from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtGui import (
+    QDesktopServices,
+    QGuiApplication,
+    QImage,
+    QPalette,
+    QResizeEvent,
+    QTextDocument,
+)
 from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser, QWidget
 
 from .code_highlight import highlight_code_blocks
+from .text_wrap import wrap_mode_for
 from .transcripts.fences import code_blocks, split_fences
 
 COPY_CODE_SCHEME = "copy-code"
@@ -24,6 +32,15 @@ MAX_FORMATS_PER_PARAGRAPH = 2000
 of 100,000 characters alternating ``*a`` (50,000 of them) took 3 s on the GUI thread, 40,000 such
 characters 0.6 s, while 115,000 characters of ordinary Markdown took 0.05 s. A message with a
 paragraph of more than this many is shown as plain text; real paragraphs have a few dozen."""
+
+
+def _no_resource() -> QImage:
+    image = QImage(1, 1, QImage.Format.Format_ARGB32)
+    image.fill(Qt.GlobalColor.transparent)
+    return image
+
+
+_NO_RESOURCE = _no_resource()
 
 
 class MarkdownView(QTextBrowser):
@@ -48,6 +65,7 @@ class MarkdownView(QTextBrowser):
 
     def set_markdown(self, text: str) -> None:
         self._text, self._markdown = text, True
+        self._fit_wrap_mode(text)
         document = self.document()
         document.setMarkdown(_with_copy_links(text), MARKDOWN_FEATURES)
         if _has_a_paragraph_of_too_many_formats(document):
@@ -60,12 +78,28 @@ class MarkdownView(QTextBrowser):
 
     def set_plain(self, text: str) -> None:
         self._text, self._markdown = text, False
+        self._fit_wrap_mode(text)
         self.setPlainText(text)
         self._fit_height()
 
     def copy_code(self, index: int) -> None:
         QGuiApplication.clipboard().setText(code_blocks(self._text)[index].text)
         self.sig_code_copied.emit(index)
+
+    def loadResource(self, resource_type: int, name: QUrl) -> QImage:
+        # A message's image is never read: Qt read its path on the GUI thread (a FIFO hung the
+        # window, /dev/zero ended the app, a big file was read again at every streamed redraw). A
+        # null answer makes Qt open the path itself; an empty image takes no room. Links do not
+        # come here and still work.
+        return _NO_RESOURCE
+
+    def _fit_wrap_mode(self, text: str) -> None:
+        mode = wrap_mode_for(text)
+        if mode != self.wordWrapMode():
+            # Emptied first: laid out again in the new mode, the text it is about to lose would
+            # cost what the mode saves (1.6 s for a long run going back to word wrapping).
+            self.document().clear()
+            self.setWordWrapMode(mode)
 
     def _on_anchor(self, url: QUrl) -> None:
         if url.scheme() == COPY_CODE_SCHEME:

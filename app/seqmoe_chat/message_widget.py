@@ -6,16 +6,17 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QGuiApplication, QPalette
 from PySide6.QtWidgets import (
+    QApplication,
     QFrame,
     QHBoxLayout,
     QLabel,
-    QPlainTextEdit,
     QPushButton,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
+from .composer import PlainTextInput
 from .markdown_view import MarkdownView
 from .store import Message, ThreadEntry
 from .store.records import FAILED, STREAMING, USER
@@ -63,10 +64,12 @@ class MessageWidget(QFrame):
             header.addWidget(widget)
 
         self.body = MarkdownView()
-        self.editor = QPlainTextEdit()
+        self.editor = PlainTextInput()
         self.editor.setFixedHeight(self.editor.fontMetrics().lineSpacing() * EDITOR_LINES + 12)
         self.save_edit_button = QPushButton("Send")
         self.cancel_edit_button = QPushButton("Cancel")
+        for button in (self.save_edit_button, self.cancel_edit_button):
+            button.setFocusPolicy(Qt.FocusPolicy.TabFocus)  # hidden once clicked: see _submit_edit
         self.save_edit_button.clicked.connect(self._submit_edit)
         self.cancel_edit_button.clicked.connect(self.stop_editing)
         edit_buttons = QHBoxLayout()
@@ -125,13 +128,18 @@ class MessageWidget(QFrame):
         QGuiApplication.clipboard().setText(self.message.content)
 
     def start_editing(self) -> None:
-        self.editor.setPlainText(self.message.content)
+        self.editor.set_text(self.message.content)
         self.body.setVisible(False)
         self.editor.setVisible(True)
         self.edit_bar.setVisible(True)
         self.editor.setFocus()
 
     def stop_editing(self) -> None:
+        focus = QApplication.focusWidget()
+        if focus is self.editor or self.edit_bar.isAncestorOf(focus):
+            # Hidden, they would pass it on to the next control in the window; it goes back where
+            # the edit began, as a closed dialog gives it back.
+            self.edit_button.setFocus()
         self.editor.setVisible(False)
         self.edit_bar.setVisible(False)
         self.body.setVisible(True)
@@ -142,7 +150,21 @@ class MessageWidget(QFrame):
         # the composer.
         text = self.editor.toPlainText()
         if text.strip():
+            # Sent, this widget is hidden, and Qt passed a focus held in it on to the next control
+            # in the window: the sidebar's New chat, where Space started a new chat. The chat takes
+            # it first, as a click on Send gives it; a refused edit gets it back.
+            if self.isAncestorOf(QApplication.focusWidget()):
+                self._focus_enclosing_widget()
             self.sig_edit_submitted.emit(self.message.id, text)
+            if self.editor.isVisible():
+                self.editor.setFocus()
+
+    def _focus_enclosing_widget(self) -> None:
+        widget = self.parentWidget()
+        while widget is not None and not widget.focusPolicy() & Qt.FocusPolicy.ClickFocus:
+            widget = widget.parentWidget()
+        if widget is not None:
+            widget.setFocus()
 
     def _show_version(self, version: int) -> None:
         if 1 <= version <= len(self._siblings):

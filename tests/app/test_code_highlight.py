@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtGui import QTextDocument
+from PySide6.QtGui import QTextCursor, QTextDocument
 
 from seqmoe_chat import code_highlight
 from seqmoe_chat.code_highlight import _SpanCache, highlight_code_blocks
@@ -40,3 +40,25 @@ def test_a_streamed_block_is_coloured_as_the_finished_one(qtbot, monkeypatch) ->
     monkeypatch.setattr(code_highlight, "_SPANS", _SpanCache(budget=10**9))
     highlight_code_blocks(fresh, dark=False)
     assert document.toHtml() == fresh.toHtml() and "color:" in fresh.toHtml()
+
+
+def colours(document: QTextDocument, word: str) -> list[str]:
+    found = document.find(word)
+    cursor = QTextCursor(document)
+    shown = []
+    for position in range(found.selectionStart() + 1, found.selectionEnd() + 1):
+        cursor.setPosition(position)  # the format of the character before it
+        shown.append(cursor.charFormat().foreground().color().name())
+    return shown
+
+
+def test_an_emoji_in_a_code_block_leaves_the_colours_after_it_in_place(qtbot) -> None:
+    # Pygments counts one character per emoji, Qt two: every token after it was coloured one place late.
+    documents = []
+    for text in ('s = "ab"  # note\nimport os\n', 's = "😀🚀"  # note\nimport os\n'):
+        document = QTextDocument()
+        document.setMarkdown(f"```python\n{text}```\n")
+        highlight_code_blocks(document, dark=False)
+        documents.append(document)
+    plain, emoji = ([colours(d, "# note"), colours(d, "import os")] for d in documents)
+    assert emoji == plain and len(set(plain[1])) > 1  # "import" and "os" differ

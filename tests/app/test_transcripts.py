@@ -249,3 +249,9 @@ def test_code_fences_are_found_like_commonmark() -> None:
     assert segments[1].language == "js" and segments[1].text == "let a = 1;\n```\nstill code"
     assert "".join(s.source for s in segments) == text
     assert [b.text for b in code_blocks(text)] == ["let a = 1;\n```\nstill code"]
+
+
+def test_copy_code_of_a_block_in_a_list_item_leaves_the_items_indentation() -> None:
+    # The chat shows the block without it; copied with it, Python code did not compile.
+    text = "1. Save this as `f.py`:\n   ```python\n   def f():\n       return 1\n  x\n\n   ```\n2. Run it.\n"
+    assert [b.text for b in code_blocks(text)] == ["def f():\n    return 1\nx\n"]

@@ -40,7 +40,9 @@ def split_fences(markdown: str) -> list[Segment]:
         closing = re.compile(rf"^ {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
         end = next((i for i in range(index + 1, len(lines)) if closing.match(lines[i].rstrip("\r\n"))), None)
         body_end = len(lines) if end is None else end
-        code = "".join(lines[index + 1 : body_end])
+        # As CommonMark: a fence indented under a list item takes that indentation off its lines.
+        indent = len(lines[index]) - len(lines[index].lstrip(" "))
+        code = "".join(_dedented(line, indent) for line in lines[index + 1 : body_end])
         source = "".join(lines[index : body_end + (0 if end is None else 1)])
         language = opening["info"].split()[0] if opening["info"].strip() else ""
         segments.append(Segment(source, code.removesuffix("\n"), True, language, end is not None, fence))
@@ -48,6 +50,11 @@ def split_fences(markdown: str) -> list[Segment]:
     if prose:
         segments.append(Segment("".join(prose), "".join(prose)))
     return segments
+
+
+def _dedented(line: str, indent: int) -> str:
+    """``line`` without up to ``indent`` leading spaces; a line indented less keeps its text."""
+    return line[min(indent, len(line) - len(line.lstrip(" "))) :]
 
 
 def unclosed_fence(markdown: str) -> str:
