@@ -1,6 +1,6 @@
 # Builds the Windows bundle with PyInstaller (dist\seqmoe-chat\), runs its self-test, and
 # packs it into an installer with Inno Setup 6 (dist\SeqMoE-Chat-VERSION-windows-x64-setup.exe).
-# Written for Windows 10/11 with Python 3.10+ from python.org and Inno Setup 6 (iscc.exe on
+# Written for Windows 10/11 with Python 3.11+ from python.org and Inno Setup 6 (iscc.exe on
 # PATH or in its default folder); it cannot be run on the Linux machines this project is
 # developed on, so build on Windows and read each step's output.
 #
