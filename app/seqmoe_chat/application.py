@@ -20,7 +20,7 @@ from PySide6.QtWidgets import QApplication
 from . import dialogs, long_lived
 from .app_metadata import APP_ID, APP_TITLE, ICON_SIZES, app_version, icon_png
 from .engine_client import EngineClient
-from .paths import config_dir, data_dir
+from .paths import config_dir, data_dir, folder_problem
 from .store import (
     DATABASE_NAME,
     ConversationStore,
@@ -129,10 +129,9 @@ def run_app(data_dir_override: Path | None, model: str | None) -> int:
         return 1
     except (OSError, sqlite3.Error) as error:
         # Started from a desktop entry, a traceback on stderr is seen by nobody.
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         dialogs.show_fatal(f"{APP_TITLE} cannot start",
-                           f"Its data folder {folder} cannot be written: {reason}.\n\nMake it writable, or choose another "
-                           "with --data-dir or the SEQMOE_CHAT_DATA_DIR environment variable.")
+                           f"Its data folder {folder} cannot be used: {folder_problem(error)}.\n\nMake it a writable "
+                           "folder, or choose another with --data-dir or the SEQMOE_CHAT_DATA_DIR environment variable.")
         return 1
     with garbage_collected_on_this_thread():
         window = MainWindow(context, model)

@@ -9,12 +9,12 @@ import argparse
 import sqlite3
 import sys
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .app_metadata import app_version
 from .export_destination import refusal
-from .paths import data_dir
+from .paths import data_dir, folder_problem
 from .store import DATABASE_NAME, ConversationStore, DatabaseUnavailable, open_database
 from .transcripts.export import FORMAT_NAMES, write_export
 from .transcripts.json_format import TranscriptError, read_json
@@ -23,7 +23,7 @@ from .transcripts.transcript import load_transcripts, store_transcripts
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="seqmoe-chat", description="SeqMoE Chat: chat with local MoE models.")
-    parser.add_argument("--data-dir", type=Path, help="folder of the chat database (default: the user data folder)")
+    parser.add_argument("--data-dir", type=_named("folder"), help="folder of the chat database (default: the user data folder)")
     parser.add_argument("--model", help="model folder or hub id to load at start (default: the bundled demo model)")
     parser.add_argument(
         "--self-test",
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--conversation", type=int, metavar="ID", help="the conversation's id (see `list`)")
     which.add_argument("--all", action="store_true", help="every conversation, in one file")
     export.add_argument("--format", choices=list(FORMAT_NAMES), required=True)
-    export.add_argument("--out", type=_file_name, required=True, help="the file to write")
+    export.add_argument("--out", type=_named("file"), required=True, help="the file to write")
     export.add_argument(
         "--force",
         action="store_true",
@@ -66,11 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _file_name(text: str) -> Path:
-    # Path("") is ".", the current folder: the export then failed with a word about a busy device.
-    if not text:
-        raise argparse.ArgumentTypeError("an empty file name")
-    return Path(text)
+def _named(kind: str) -> Callable[[str], Path]:
+    """An argument type for a path that refuses an empty one: Path("") is ".", the current folder
+    (an export then failed with a word about a busy device; the chats went into the current folder)."""
+
+    def path(text: str) -> Path:
+        if not text:
+            raise argparse.ArgumentTypeError(f"an empty {kind} name")
+        return Path(text)
+
+    return path
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -82,12 +87,8 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"seqmoe-chat: {error}", file=sys.stderr)
         return 1
     except (OSError, sqlite3.Error) as error:  # the folder is a file, is under one, refuses this user, is full
-        if isinstance(error, FileExistsError):
-            reason = "it is not a folder"
-        else:
-            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        print(f"seqmoe-chat: the data folder {folder} cannot be used: {reason}; choose another with --data-dir "
-              "or SEQMOE_CHAT_DATA_DIR", file=sys.stderr)
+        print(f"seqmoe-chat: the data folder {folder} cannot be used: {folder_problem(error)}; choose another with "
+              "--data-dir or SEQMOE_CHAT_DATA_DIR", file=sys.stderr)
         return 1
     if opened.notice:
         print(opened.notice, file=sys.stderr)

@@ -38,14 +38,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def display_problem() -> str | None:
-    """Why the window cannot open, when that can be told before Qt tries: on X11, Qt's platform
-    plugin needs system libraries (libxcb-cursor, -icccm, -keysyms, ...) that many Linux
+    """Why the window cannot open, when that can be told before Qt tries: on X11, a display, and Qt's
+    platform plugin needs system libraries (libxcb-cursor, -icccm, -keysyms, ...) that many Linux
     systems lack, and without one Qt aborts with a message that does not say which."""
     if not sys.platform.startswith("linux"):
         return None
     platform = os.environ.get("QT_QPA_PLATFORM", "")
     if not (platform.startswith("xcb") or (not platform and not os.environ.get("WAYLAND_DISPLAY"))):
         return None
+    if not os.environ.get("DISPLAY"):
+        # Over SSH or on a text console Qt aborted, blaming a library that was installed.
+        return ("there is no display to open the window on (DISPLAY is not set); the commands "
+                "export, import and list need none, and --self-test checks the app headless")
     import PySide6
 
     plugin = Path(PySide6.__file__).parent / "Qt" / "plugins" / "platforms" / "libqxcb.so"

@@ -30,3 +30,10 @@ def config_dir(data_folder: Path) -> Path:
     if data_folder.resolve() == platformdirs.user_data_path(APP_NAME, appauthor=False).resolve():
         return platformdirs.user_config_path(APP_NAME, appauthor=False)
     return data_folder
+
+
+def folder_problem(error: Exception) -> str:
+    """Why a data folder could not be made or opened (an ``OSError`` or a database's error), in words."""
+    if isinstance(error, FileExistsError):
+        return "it is not a folder"
+    return error.strerror if isinstance(error, OSError) and error.strerror else str(error)

@@ -114,8 +114,12 @@ def test_a_data_folder_that_cannot_be_written_is_said_and_the_app_ends(qtbot, tm
     shown: list[str] = []
     monkeypatch.setattr(dialogs, "show_fatal", lambda title, text: shown.append(text))
     assert run_app(blocker / "data", None) == 1
-    assert shown == [f"Its data folder {blocker / 'data'} cannot be written: Not a directory.\n\nMake it writable, or "
-                     "choose another with --data-dir or the SEQMOE_CHAT_DATA_DIR environment variable."]
+    assert shown == [f"Its data folder {blocker / 'data'} cannot be used: Not a directory.\n\nMake it a writable folder, "
+                     "or choose another with --data-dir or the SEQMOE_CHAT_DATA_DIR environment variable."]
+    # A file given as the folder itself read "cannot be written: File exists".
+    shown.clear()
+    assert run_app(blocker, None) == 1
+    assert shown[0].startswith(f"Its data folder {blocker} cannot be used: it is not a folder.")
 
 
 def test_a_second_app_on_the_same_data_folder_says_the_first_runs_and_leaves_its_chats_alone(

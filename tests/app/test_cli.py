@@ -237,6 +237,17 @@ def test_an_empty_out_name_is_refused_plainly(store: ConversationStore, capsys) 
     assert ended.value.code == 2 and "argument --out: an empty file name" in capsys.readouterr().err
 
 
+def test_an_empty_data_folder_name_is_refused_not_taken_as_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    # A launcher's --data-dir "$UNSET" put the chat database in whatever folder it started in.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as ended:
+        main(["--data-dir", "", "list"])
+    assert ended.value.code == 2 and "argument --data-dir: an empty folder name" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
 def test_a_conversation_id_past_sqlites_integers_is_no_conversation(store: ConversationStore, tmp_path: Path,
                                                                      capsys) -> None:
     # SQLite's OverflowError ended the command with a traceback.

@@ -20,6 +20,7 @@ def x11_lacking_icccm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ctypes, "CDLL", cdll)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
     monkeypatch.delenv("QT_QPA_PLATFORM", raising=False)
+    monkeypatch.setenv("DISPLAY", ":0")
 
 
 def test_a_missing_library_is_named_with_its_package_and_the_app_does_not_start(
@@ -46,3 +47,17 @@ def test_other_platforms_are_not_checked(x11_lacking_icccm: None, monkeypatch: p
 )
 def test_debian_package_names(soname: str, package: str) -> None:
     assert entry.debian_package(soname) == package
+
+
+def test_without_a_display_the_app_says_so_instead_of_blaming_a_library(
+    x11_lacking_icccm: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Qt aborted (SIGABRT) naming libxcb-cursor0, installed or not.
+    import seqmoe_chat.application
+
+    monkeypatch.delenv("DISPLAY")
+    monkeypatch.setattr(seqmoe_chat.application, "run_app", lambda *args: pytest.fail("Qt would abort"))
+    assert entry.main([]) == 1
+    assert capsys.readouterr().err == (
+        "seqmoe-chat: there is no display to open the window on (DISPLAY is not set); the commands export, "
+        "import and list need none, and --self-test checks the app headless\n")
