@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import psutil
 import torch
+import transformers
 from huggingface_hub.errors import HFValidationError, StrictDataclassError
 from huggingface_hub.utils import validate_repo_id
 from safetensors import SafetensorError, safe_open
@@ -36,6 +37,7 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
     MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
     MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES,
+    MODEL_FOR_PRETRAINING_MAPPING_NAMES,
     MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
 )
 from transformers.utils import SAFE_WEIGHTS_NAME
@@ -224,6 +226,7 @@ def check_supported(config: PretrainedConfig) -> nn.Module:
     Returns the model it checked, built on the meta device (no memory), so that a caller
     can measure the model (experts, their sizes) before any weight is downloaded.
     """
+    _file_causal_lm_filed_elsewhere(config)
     try:
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
@@ -255,6 +258,20 @@ def check_supported(config: PretrainedConfig) -> nn.Module:
             "seqmoe cannot offload it"
         )
     raise ModelRefused(f"{architecture} is not a Mixture-of-Experts model; seqmoe offloads MoE experts only")
+
+
+def _file_causal_lm_filed_elsewhere(config: PretrainedConfig) -> None:
+    """Let ``AutoModelForCausalLM`` build and load a text-only model whose ``...ForCausalLM`` class
+    transformers files only under another task: Mistral 4's is under image-text-to-text, and the
+    model was refused as "an image-and-text model" though it runs as any other."""
+    if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return
+    for names in (MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, MODEL_FOR_PRETRAINING_MAPPING_NAMES):
+        name = names.get(config.model_type)
+        model_class = getattr(transformers, name, None) if isinstance(name, str) and name.endswith("ForCausalLM") else None
+        if model_class is not None:
+            AutoModelForCausalLM.register(type(config), model_class, exist_ok=True)
+            return
 
 
 def declares_experts(config: PretrainedConfig) -> bool:

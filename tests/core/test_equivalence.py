@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, CompileConfig, Mxfp4Config, PreTrainedModel
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
@@ -17,7 +18,7 @@ from seqmoe.budget import kv_cache_bytes
 from seqmoe.cli import main
 from seqmoe.events import LayerRouted
 
-from .conftest import FAMILIES, build_model, layers_that_differ, store_experts_as_mxfp4
+from .conftest import EOS, FAMILIES, VOCAB, build_model, layers_that_differ, save_tokenizer, store_experts_as_mxfp4
 
 PROMPT = [5, 17, 42, 99, 23, 64, 7, 88, 31, 12, 56, 77]
 NEW_TOKENS = 12
@@ -305,3 +306,33 @@ def test_a_generation_config_asking_for_another_decoding_still_gets_one_token_a_
     finally:
         engine.close()
     assert prefill_layers == list(range(engine.loaded.host.num_layers))  # the prompt's pass only
+
+
+def test_a_text_model_whose_causal_lm_transformers_files_under_another_task_runs(tmp_path: Path) -> None:
+    # Mistral 4's Mistral4ForCausalLM is listed under image-text-to-text only: the model was
+    # refused as "an image-and-text model, ... no ...ForCausalLM class".
+    config = transformers.Mistral4Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+        n_group=4, topk_group=2, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=16, max_position_embeddings=256, pad_token_id=0, eos_token_id=EOS,
+    )
+    torch.manual_seed(0)
+    model = transformers.Mistral4ForCausalLM(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.2)
+    model.save_pretrained(tmp_path)
+    save_tokenizer(tmp_path)
+    greedy = Sampling(max_new_tokens=NEW_TOKENS)
+    inputs = torch.tensor([PROMPT])
+    expected = transformers.Mistral4ForCausalLM.from_pretrained(tmp_path).generate(
+        inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
+    )[0, len(PROMPT):].tolist()
+    engine = Engine(load_model(str(tmp_path), device="cpu"))
+    try:
+        for policy, ratio in [("full", 1.0), ("lru", 0.5), ("seqmoe", 0.3)]:
+            engine.configure(policy, cache_ratio=ratio)
+            assert engine.generate(PROMPT, greedy).token_ids == expected, f"{policy} at cache ratio {ratio}"
+    finally:
+        engine.close()
