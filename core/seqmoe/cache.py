@@ -148,8 +148,8 @@ class ExpertCache:
         # knows after the next layer's routing: read here, it is charged to the layer that
         # waited, whose time ``_time_layer`` closes now. Read after the wait below instead, it
         # was charged to the next layer, whose compute then came out near zero and its link
-        # load in the hundreds, which stopped prefetching.
-        stalls = self._take_stalls()
+        # load huge, which stopped prefetching.
+        stalls = [] if self.copier.blocks_host else self._take_stalls()
         if not prefill:
             self._time_layer()
         self._settle_queued()
@@ -198,9 +198,9 @@ class ExpertCache:
         except BaseException:
             self._abandon(pinned, phase)
             raise
-        # The emulated link measures a stall as the layer waits: this layer's is read here.
         self._overlapped = overlapped
-        stalls += self._take_stalls()
+        if self.copier.blocks_host:  # the emulated link measures a stall as the layer waits
+            stalls = self._take_stalls()
         if self.events.active:
             self._report(layer, stalls)
         return slots

@@ -535,6 +535,10 @@ class Engine:
         token_ids = sequence[len(prompt_ids) :]
         if keep_context and output is not None:
             self._kept = KeptContext.after(output.cache, sequence)
+        elif reused:
+            # Stopped while reading the prompt: the turns before it, kept, need not be read again.
+            kept.back_to_tokens()
+            self._kept = kept
         stats = GenerationStats(
             tokens=len(token_ids),
             seconds=seconds,

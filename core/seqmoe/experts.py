@@ -72,6 +72,8 @@ class ResidentLayer:
         self._step = aligned_step(tensors)
         self.decoding = False
         """Set by ``decode_phase``."""
+        self.should_stop: Callable[[], bool] | None = None
+        """Set by ``stoppable_prefill``."""
 
     def forward(self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         counts = self._by_phase[self.decoding]
@@ -108,6 +110,8 @@ class OffloadedLayer:
         self.base = base
         self.decoding = False
         """Set by ``decode_phase``: a prompt of one token is prefill all the same."""
+        self.should_stop: Callable[[], bool] | None = None
+        """Set by ``stoppable_prefill``."""
 
     def _forecast(self, hidden: torch.Tensor, index: torch.Tensor, prefill: bool) -> Callable[[], None]:
         """Forecast from this layer's routing; returns the plan of copies it leads to, to run next."""
@@ -263,24 +267,19 @@ class StoppedInPrefill(Exception):
 
 @contextmanager
 def stoppable_prefill(experts: Sequence[nn.Module], should_stop: Callable[[], bool] | None) -> Iterator[None]:
-    """Check ``should_stop`` before each MoE layer of prefill, and raise ``StoppedInPrefill`` once
-    it says so. Generation checks it only after each token, and an offloaded long prompt, which
-    streams every layer's experts, can take minutes before its first token."""
-    if should_stop is None:
-        yield
-        return
-
-    def check(module: nn.Module, _args: object) -> None:
-        runtime = module.__dict__.get(_RUNTIME_ATTR)
-        if runtime is not None and not runtime.decoding and should_stop():
-            raise StoppedInPrefill
-
-    hooks = [module.register_forward_pre_hook(check) for module in experts]
+    """Check ``should_stop`` before each MoE layer of prefill (``seqmoe_experts_forward``), and raise
+    ``StoppedInPrefill`` once it says so. Generation checks it only after each token, and an
+    offloaded long prompt, which streams every layer's experts, can take minutes before its first
+    token."""
+    runtimes = [module.__dict__.get(_RUNTIME_ATTR) for module in experts]
+    served = [runtime for runtime in runtimes if isinstance(runtime, (OffloadedLayer, ResidentLayer))]
+    for runtime in served:
+        runtime.should_stop = should_stop
     try:
         yield
     finally:
-        for hook in hooks:
-            hook.remove()
+        for runtime in served:
+            runtime.should_stop = None
 
 
 def _set_base(experts: Sequence[nn.Module], name: str) -> None:
@@ -296,6 +295,8 @@ def seqmoe_experts_forward(
     runtime = module.__dict__.get(_RUNTIME_ATTR)
     if runtime is None:
         raise RuntimeError(f"{type(module).__name__} was not prepared by the seqmoe engine")
+    if not runtime.decoding and runtime.should_stop is not None and runtime.should_stop():
+        raise StoppedInPrefill
     return runtime.forward(module, hidden_states, top_k_index, top_k_weights)
 
 

@@ -48,3 +48,12 @@ class KeptContext:
             self.cache.crop(reused - len(self.tokens))  # a negative count: the tokens to remove
             del self.tokens[reused:]
         return max(reused, 0)
+
+    def back_to_tokens(self) -> None:
+        """Cut every layer back to ``tokens``: a prefill stopped midway added the new prompt's keys
+        and values to the layers it reached, not to the others."""
+        held = len(self.tokens)
+        for layer in self.cache.layers:
+            excess = layer.get_seq_length() - held
+            if excess > 0:
+                layer.crop(-excess)

@@ -37,7 +37,6 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
     MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
     MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES,
-    MODEL_FOR_PRETRAINING_MAPPING_NAMES,
     MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
 )
 from transformers.utils import SAFE_WEIGHTS_NAME
@@ -226,12 +225,12 @@ def check_supported(config: PretrainedConfig) -> nn.Module:
     Returns the model it checked, built on the meta device (no memory), so that a caller
     can measure the model (experts, their sizes) before any weight is downloaded.
     """
-    _file_causal_lm_filed_elsewhere(config)
+    causal_lm = _file_causal_lm_filed_elsewhere(config) or config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     try:
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     except Exception as error:  # building from the config alone: any error means the config is unusable
-        if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        if causal_lm:
             raise ModelRefused(
                 f"transformers cannot build a {config.model_type!r} model from this config.json: "
                 f"{type(error).__name__}: {_first_line(error)}"
@@ -260,18 +259,21 @@ def check_supported(config: PretrainedConfig) -> nn.Module:
     raise ModelRefused(f"{architecture} is not a Mixture-of-Experts model; seqmoe offloads MoE experts only")
 
 
-def _file_causal_lm_filed_elsewhere(config: PretrainedConfig) -> None:
+def _file_causal_lm_filed_elsewhere(config: PretrainedConfig) -> bool:
     """Let ``AutoModelForCausalLM`` build and load a text-only model whose ``...ForCausalLM`` class
-    transformers files only under another task: Mistral 4's is under image-text-to-text, and the
+    transformers files only under image-text-to-text (Mistral 4's), and say whether it did: the
     model was refused as "an image-and-text model" though it runs as any other."""
     if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        return
-    for names in (MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, MODEL_FOR_PRETRAINING_MAPPING_NAMES):
-        name = names.get(config.model_type)
-        model_class = getattr(transformers, name, None) if isinstance(name, str) and name.endswith("ForCausalLM") else None
-        if model_class is not None:
-            AutoModelForCausalLM.register(type(config), model_class, exist_ok=True)
-            return
+        return False
+    name = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(config.model_type)
+    model_class = getattr(transformers, name, None) if isinstance(name, str) and name.endswith("ForCausalLM") else None
+    if model_class is None:
+        return False
+    try:
+        AutoModelForCausalLM.register(type(config), model_class, exist_ok=True)
+    except ValueError:  # a class for another config than the model type's: as transformers files it
+        return False
+    return True
 
 
 def declares_experts(config: PretrainedConfig) -> bool:

@@ -277,3 +277,21 @@ def test_a_reply_that_ends_itself_as_the_context_fills_is_not_said_to_be_cut_off
     engine = Engine(loaded, context_tokens=len(prompt) + len(free.token_ids) - 1)
     cut = engine.generate(prompt, Sampling(max_new_tokens=200))
     assert cut.token_ids == free.token_ids[:-1] and cut.stats.context_full
+
+
+def test_a_stop_during_a_chats_next_prompt_keeps_the_turns_before_it(mixtral) -> None:
+    # Dropped, every earlier turn was read again after a stop: minutes on an offloaded model.
+    engine = Engine(mixtral)
+    engine.configure("lru", cache_ratio=0.5)
+    first = engine.generate(PROMPT, GREEDY, keep_context=True)
+    second_prompt = PROMPT + first.token_ids + [7, 8, 9, 10]
+    asked = []
+    stopped = engine.generate(second_prompt, GREEDY, should_stop=lambda: bool(asked.append(True)) or len(asked) > 1,
+                              keep_context=True)
+    assert stopped.token_ids == [] and stopped.stats.reused_prompt_tokens > len(PROMPT)
+    again = engine.generate(second_prompt, GREEDY, keep_context=True)
+    assert again.stats.reused_prompt_tokens == stopped.stats.reused_prompt_tokens
+    engine.close()
+    fresh = Engine(mixtral)
+    assert again.token_ids == fresh.generate(second_prompt, GREEDY).token_ids
+    fresh.close()

@@ -309,16 +309,21 @@ def test_link_load_is_copy_time_per_second_of_compute_stalls_excluded() -> None:
 
 
 class StallsReadLate(SimulatedCopier):
-    """CUDA's way with stalls: one is read once the GPU has passed it, which the host knows only
-    after the next layer's routing, so each is held back until the next look."""
+    """CUDA's way with stalls: one can be read once the GPU has passed it, which the host learns
+    only as it moves on (at the next layer's routing), not while the clock still reads the wait's end."""
+
+    blocks_host = False
 
     def __init__(self, clock: VirtualClock, seconds_per_copy: float, expert_bytes: int) -> None:
         super().__init__(clock, seconds_per_copy, expert_bytes)
-        self._held: list[MeasuredStall] = []
+        self._waited_until = -math.inf
+
+    def wait(self, job: CopyJob, phase: str = "decode") -> None:
+        super().wait(job, phase)
+        self._waited_until = self.clock.now
 
     def take_stalls(self) -> list[MeasuredStall]:
-        ready, self._held = self._held, super().take_stalls()
-        return ready
+        return super().take_stalls() if self.clock.now > self._waited_until else []
 
 
 @pytest.mark.parametrize("link", [SimulatedCopier, StallsReadLate])
