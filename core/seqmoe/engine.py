@@ -558,17 +558,12 @@ class Engine:
             prompt_tokens=len(prompt_ids),
             reused_prompt_tokens=reused,
             time_to_first_token=(streamer.first_token_at or seconds + start) - start,
-            context_full=len(token_ids) == room < sampling.max_new_tokens and not self._ended_itself(token_ids),
+            # Not a reply that ended itself with its last token.
+            context_full=len(token_ids) == room < sampling.max_new_tokens and token_ids[-1] not in self.loaded.end_token_ids,
         )
         reply = ReplyText.of(tokenizer, token_ids)
         return GenerationResult(token_ids=token_ids, text=reply.text(), prompt_tokens=len(prompt_ids), stats=stats,
                                 reasoning=reply.reasoning())
-
-    def _ended_itself(self, token_ids: list[int]) -> bool:
-        """Whether the reply's last token is one the model ends a reply with."""
-        ends = self.loaded.model.generation_config.eos_token_id
-        ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
-        return bool(token_ids) and token_ids[-1] in ends
 
     def close(self) -> None:
         """Give the cache back and leave the model free for another engine; this one takes no more
@@ -721,13 +716,13 @@ def _check_link(gbps: float, latency_s: float) -> None:
 
 
 def _check_text(text: str) -> None:
-    """Refuse text the tokenizer cannot take, in one line: a lone surrogate is what Python makes of
-    bytes that are not UTF-8 in a command-line argument, and the tokenizer raises a TypeError on it."""
+    """Refuse text the tokenizer cannot take in one line: on a lone surrogate it raises a TypeError.
+    (The app's transcripts check the same on their own: they may not import the engine.)"""
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise SeqMoEError(f"the prompt is not valid UTF-8 text: it holds {text[error.start]!r} at character "
-                          f"{error.start}, as bytes that are not UTF-8 become; give it as UTF-8") from None
+    except UnicodeEncodeError:
+        raise SeqMoEError("the prompt is not valid UTF-8 text: it holds a lone surrogate, as bytes that are not UTF-8 "
+                          "become; give it as UTF-8") from None
 
 
 class _StopFlag(StoppingCriteria):

@@ -96,6 +96,12 @@ class LoadedModel:
         """Whether the tokenizer can put a conversation into the model's turns."""
         return bool(self.tokenizer.chat_template)
 
+    @property
+    def end_token_ids(self) -> list[int]:
+        """The tokens ``generate`` ends a reply at: the generation config's EOS ids."""
+        ends = self.model.generation_config.eos_token_id
+        return [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
+
     def check_chat_template(self, remedy: str = "use a plain prompt") -> None:
         """Refuse chat input, in one line, for a model whose tokenizer has no chat template; ``remedy``
         says what the caller's user can do instead."""

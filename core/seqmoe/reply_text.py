@@ -72,7 +72,8 @@ class _HarmonyMessages:
     def __init__(self, tokenizer: Decoder, markers: _Markers) -> None:
         self.tokenizer = tokenizer
         self.markers = markers
-        self.by_channel: dict[str, list[int]] = {}
+        self.by_channel: dict[str, list[list[int]]] = {}
+        """Each channel's messages, each its content ids."""
         self.header: list[int] = []  # the current message's role and channel, up to <|message|>
         self.content: list[int] | None = None  # the current message's content ids; None: in a header
 
@@ -80,7 +81,8 @@ class _HarmonyMessages:
         markers = self.markers
         if self.content is None:
             if token_id == markers.message:
-                self.content = self.by_channel.setdefault(self._channel(), [])
+                self.content = []
+                self.by_channel.setdefault(self._channel(), []).append(self.content)
             elif token_id == markers.start or token_id in markers.ends:
                 self.header = []
             else:
@@ -144,13 +146,20 @@ class ReplyText:
         """The answer so far: a harmony reply's final channel, any other reply all of it."""
         if self._harmony is None:
             return self._decode(self.token_ids)
-        return self._decode(self._harmony.by_channel.get(ANSWER_CHANNEL, []))
+        return self._channel_text(ANSWER_CHANNEL)
 
     def reasoning(self) -> str:
         """A harmony reply's analysis so far; "" for a model that does not reason aloud."""
         if self._harmony is None:
             return ""
-        return self._decode(self._harmony.by_channel.get(REASONING_CHANNEL, []))
+        return self._channel_text(REASONING_CHANNEL)
+
+    def _channel_text(self, channel: str) -> str:
+        # Each message decoded on its own, a blank line between them: decoded together, a
+        # byte-level tokenizer ran the end of one into the next ("...me.Let me...").
+        assert self._harmony is not None
+        texts = (self._decode(message) for message in self._harmony.by_channel.get(channel, []))
+        return "\n\n".join(text for text in texts if text)
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True).rstrip("\ufffd")

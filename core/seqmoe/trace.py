@@ -238,10 +238,10 @@ def trace_document(
 
 
 def _eos_ids(loaded: LoadedModel) -> list[int]:
-    eos = loaded.model.generation_config.eos_token_id
-    if eos is None:
+    if loaded.model.generation_config.eos_token_id is None:
         eos = loaded.tokenizer.eos_token_id
-    return [eos] if isinstance(eos, int) else list(eos or [])
+        return [] if eos is None else [eos]
+    return loaded.end_token_ids
 
 
 def iter_traces(

@@ -258,7 +258,7 @@ def test_a_prompt_that_is_not_utf8_is_refused_in_one_line(mixtral, chat: bool) -
     # Bytes that are not UTF-8 in a command-line argument become a lone surrogate: the tokenizer
     # raised a TypeError (a traceback), the chat template a message blaming the template.
     engine = Engine(mixtral)
-    with pytest.raises(SeqMoEError, match="the prompt is not valid UTF-8 text: it holds '\\\\udce9' at character 3"):
+    with pytest.raises(SeqMoEError, match="the prompt is not valid UTF-8 text: it holds a lone surrogate"):
         engine.encode("caf\udce9", chat=chat)
     engine.close()
 

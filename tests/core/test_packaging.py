@@ -1,9 +1,14 @@
-"""What the wheel holds: every package of the source tree, and the resources."""
+"""What the wheel holds: every package of the source tree, and the resources, found where it puts them."""
 
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+
+import pytest
+import seqmoe_resources
+
+from seqmoe import resources
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,4 +24,13 @@ def test_the_wheel_lists_every_package_of_the_source_tree_and_the_resources() ->
         for init in (ROOT / folders[top]).rglob("__init__.py")
     }
     assert set(setuptools["packages"]) == found
-    assert folders["seqmoe_resources"] == "resources" and setuptools["package-data"]["seqmoe_resources"] == ["**/*"]
+
+
+def test_installed_outside_a_checkout_the_resources_are_the_package_seqmoe_resources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As in a wheel: resources/ is no longer beside the engine's folder ('no such model folder').
+    monkeypatch.delenv("SEQMOE_RESOURCES", raising=False)
+    monkeypatch.setattr(resources, "__file__", str(tmp_path / "site-packages" / "seqmoe" / "resources.py"))
+    assert (resources.demo_model_dir() / "config.json").is_file()
+    assert resources.resources_dir() == Path(seqmoe_resources.__file__).parent

@@ -106,6 +106,10 @@ def test_seqmoe_generate_prints_only_the_answer_and_its_json_the_reasoning_apart
      "<|return|>", "Hello", ""),
     ("<|channel|> analysis <|message|> The user <|end|> <|start|> assistant <|channel|> commentary to=functions.wave "
      "<|constrain|> json <|message|> {} <|call|>", "", "The user"),
+    # Two messages on one channel are two paragraphs: decoded as one, a byte-level tokenizer ran
+    # the end of the first into the second.
+    ("<|channel|> analysis <|message|> The user <|end|> <|start|> assistant <|channel|> analysis <|message|> greets "
+     "me <|end|> <|start|> assistant <|channel|> final <|message|> Hello <|return|>", "Hello", "The user\n\ngreets me"),
     # Plain text, though the tokenizer knows harmony: a prompt continued as text, not as a chat.
     ("Hello there <|return|>", "Hello there", ""),
 ])
