@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer, Signal
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QVBoxLayout, QWidget
 
 from .message_widget import MessageWidget
 from .store import Message, ThreadEntry
@@ -90,6 +90,10 @@ class ChatView(QScrollArea):
 
     def show_thread(self, entries: list[ThreadEntry], busy: bool) -> None:
         self._pending.clear()
+        if self.column.isAncestorOf(QApplication.focusWidget()):
+            # Hidden, a message holding the keyboard would pass it on to the next control in the
+            # window: the sidebar's New chat, where Space starts a new chat.
+            self.setFocus()
         for widget in self.widgets.values():
             self.messages_layout.removeWidget(widget)
             widget.hide()

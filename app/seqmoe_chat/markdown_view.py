@@ -20,7 +20,7 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser, QWidget
 
 from .code_highlight import highlight_code_blocks
-from .text_wrap import wrap_mode_for
+from .text_wrap import fit_wrap_mode
 from .transcripts.fences import code_blocks, split_fences
 
 COPY_CODE_SCHEME = "copy-code"
@@ -65,7 +65,7 @@ class MarkdownView(QTextBrowser):
 
     def set_markdown(self, text: str) -> None:
         self._text, self._markdown = text, True
-        self._fit_wrap_mode(text)
+        fit_wrap_mode(self, text)
         document = self.document()
         document.setMarkdown(_with_copy_links(text), MARKDOWN_FEATURES)
         if _has_a_paragraph_of_too_many_formats(document):
@@ -78,7 +78,7 @@ class MarkdownView(QTextBrowser):
 
     def set_plain(self, text: str) -> None:
         self._text, self._markdown = text, False
-        self._fit_wrap_mode(text)
+        fit_wrap_mode(self, text)
         self.setPlainText(text)
         self._fit_height()
 
@@ -92,14 +92,6 @@ class MarkdownView(QTextBrowser):
         # null answer makes Qt open the path itself; an empty image takes no room. Links do not
         # come here and still work.
         return _NO_RESOURCE
-
-    def _fit_wrap_mode(self, text: str) -> None:
-        mode = wrap_mode_for(text)
-        if mode != self.wordWrapMode():
-            # Emptied first: laid out again in the new mode, the text it is about to lose would
-            # cost what the mode saves (1.6 s for a long run going back to word wrapping).
-            self.document().clear()
-            self.setWordWrapMode(mode)
 
     def _on_anchor(self, url: QUrl) -> None:
         if url.scheme() == COPY_CODE_SCHEME:

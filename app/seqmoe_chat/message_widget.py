@@ -69,7 +69,7 @@ class MessageWidget(QFrame):
         self.save_edit_button = QPushButton("Send")
         self.cancel_edit_button = QPushButton("Cancel")
         for button in (self.save_edit_button, self.cancel_edit_button):
-            button.setFocusPolicy(Qt.FocusPolicy.TabFocus)  # hidden once clicked: see _submit_edit
+            button.setFocusPolicy(Qt.FocusPolicy.TabFocus)  # a click gives the keyboard to the chat, not to a button about to hide
         self.save_edit_button.clicked.connect(self._submit_edit)
         self.cancel_edit_button.clicked.connect(self.stop_editing)
         edit_buttons = QHBoxLayout()
@@ -150,21 +150,10 @@ class MessageWidget(QFrame):
         # the composer.
         text = self.editor.toPlainText()
         if text.strip():
-            # Sent, this widget is hidden, and Qt passed a focus held in it on to the next control
-            # in the window: the sidebar's New chat, where Space started a new chat. The chat takes
-            # it first, as a click on Send gives it; a refused edit gets it back.
-            if self.isAncestorOf(QApplication.focusWidget()):
-                self._focus_enclosing_widget()
             self.sig_edit_submitted.emit(self.message.id, text)
             if self.editor.isVisible():
+                # Refused: the keyboard goes back to the text, which a click on Send gave to the chat.
                 self.editor.setFocus()
-
-    def _focus_enclosing_widget(self) -> None:
-        widget = self.parentWidget()
-        while widget is not None and not widget.focusPolicy() & Qt.FocusPolicy.ClickFocus:
-            widget = widget.parentWidget()
-        if widget is not None:
-            widget.setFocus()
 
     def _show_version(self, version: int) -> None:
         if 1 <= version <= len(self._siblings):

@@ -385,6 +385,7 @@ def test_an_edit_the_database_refuses_stays_in_its_editor(qtbot, window, monkeyp
     qtbot.mouseClick(first.save_edit_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: len(window.findChildren(QMessageBox, "errorMessage")) == 1, timeout=5000)
     assert first.editor.isVisible() and first.editor.toPlainText() == "What is 5+5?" and not window.session.busy
+    assert window.focusWidget() is first.editor  # the click on Send gave the keyboard to the chat
     monkeypatch.setattr(window.store, "add_message", add)  # the lock passes: sent again, it goes
     qtbot.mouseClick(first.save_edit_button, Qt.MouseButton.LeftButton)
     wait_idle(qtbot, window)

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PySide6.QtGui import QColor, QImage
+from PySide6.QtCore import QEvent, QPoint
+from PySide6.QtGui import QColor, QHelpEvent, QImage
+from PySide6.QtWidgets import QApplication, QToolTip
 from seqmoe import Engine, Sampling, load_model
 from seqmoe.events import (
     CacheSnapshot,
@@ -120,7 +122,9 @@ def test_a_memory_bars_free_part_and_outline_stand_out_from_the_window(qtbot, qa
         apply_theme(qapp, "light")
 
 
-def test_a_value_wider_than_the_panel_is_cut_with_an_ellipsis_and_its_row_tooltip_holds_it_whole(qtbot) -> None:
+def test_a_value_wider_than_the_panel_is_cut_with_an_ellipsis_and_its_row_tooltip_holds_it_whole(
+    qtbot, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # It used to be painted cut off at the panel's edge: "…; with the prompt 66.6" read as whole.
     view = CountersView()
     qtbot.addWidget(view)
@@ -129,8 +133,12 @@ def test_a_value_wider_than_the_panel_is_cut_with_an_ellipsis_and_its_row_toolti
     view.set_values({"hit rate": whole, "tokens/s": "32.4"})
     shown = view.shown_value("hit rate")
     assert shown.endswith("…") and whole.startswith(shown[:-1]) and view.shown_value("tokens/s") == "32.4"
+    tooltips = []
+    monkeypatch.setattr(QToolTip, "showText", lambda _at, text, *_: tooltips.append(text))
     row = view.names.index("hit rate")
-    assert view.row_tooltip(row).startswith(f"hit rate: {whole}\nExperts found in the cache")
+    # The mouse resting on the row, as Qt tells the widget.
+    QApplication.sendEvent(view, QHelpEvent(QEvent.Type.ToolTip, QPoint(5, row * view.line_height() + 2), QPoint()))
+    assert tooltips == [f"hit rate: {whole}\n{view.tooltips['hit rate']}"]
     view.resize(2000, view.height())
     assert view.shown_value("hit rate") == whole
 

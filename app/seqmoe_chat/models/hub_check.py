@@ -20,8 +20,10 @@ _HUB_URL = re.compile(
     r"^(?:https?://)?(?:www\.)?(?:huggingface\.co|hf\.co)/(?P<repo>[^/\s?#]+/[^/\s?#]+)"
     r"(?:/(?:tree|blob|resolve)/(?P<revision>[^/\s?#]+))?(?:[/?#]\S*)?$"
 )
-CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
-"""Where a repository keeps its chat template when its tokenizer config does not hold it."""
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+"""Where a repository keeps its chat template when its tokenizer config does not hold it. Not
+``chat_template.json``: that is a processor's template, which the tokenizer never reads, so the
+loader refuses a repository holding only that one as having no chat template."""
 _NOT_MODELS = {"datasets": "a dataset", "spaces": "a Space"}
 """The first part of the hub's other addresses, which its model ids cannot start with."""
 
@@ -80,6 +82,7 @@ def check_repo(reference: HubReference, endpoint: str | None = None) -> HubModel
     import_engine()
     from huggingface_hub import HfApi
     from seqmoe.errors import ModelRefused
+    from seqmoe.hub_files import json_object
     from seqmoe.loader import check_supported, not_for_chat, read_config
 
     repo_id, revision = reference.repo_id, reference.revision
@@ -105,7 +108,7 @@ def check_repo(reference: HubReference, endpoint: str | None = None) -> HubModel
                 index = json.loads(_fetch(reference, INDEX_FILE, folder, endpoint).read_text(encoding="utf-8"))
         except Exception as error:  # noqa: BLE001
             raise describe(error, repo_id, revision) from None
-        if not (_template_in(folder / "tokenizer_config.json") or any(name in files for name in CHAT_TEMPLATE_FILES)):
+        if not (json_object(folder / "tokenizer_config.json").get("chat_template") or CHAT_TEMPLATE_FILE in files):
             # The app would refuse it once downloaded, tens of GB later.
             raise HubRefusal(UNSUPPORTED, str(not_for_chat(repo_id)))
     chosen = download_set(files, index)
@@ -120,15 +123,6 @@ def check_repo(reference: HubReference, endpoint: str | None = None) -> HubModel
         license=str(card.get("license", "") if card is not None else "") or "not stated",
         gated=info.gated or False,
     )
-
-
-def _template_in(tokenizer_config: Path) -> bool:
-    """Whether the tokenizer config, if the repository has one, holds a chat template."""
-    try:
-        config = json.loads(tokenizer_config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # none, or one the loader will refuse with its own reason
-        return False
-    return isinstance(config, dict) and bool(config.get("chat_template"))
 
 
 def _fetch(reference: HubReference, filename: str, folder: Path, endpoint: str | None) -> Path:

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tests.core.conftest import without_chat_template
 
 from seqmoe_chat.models.hub_check import HubReference, check_repo, parse_reference, save_token
 from seqmoe_chat.models.hub_errors import GATED, INVALID, NO_WEIGHTS, NOT_FOUND, OFFLINE, UNSUPPORTED, HubRefusal
@@ -136,16 +137,20 @@ def test_a_config_holding_nan_is_refused_as_unsupported_by_its_key(hub, tiny_rep
 
 def test_a_model_without_a_chat_template_is_refused_before_its_download(hub, tiny_repo: Path, tmp_path: Path) -> None:
     # The app refuses it once loaded: downloading it would have been tens of GB for nothing.
-    base = shutil.copytree(tiny_repo, tmp_path / "base-moe")
-    config = json.loads((base / "tokenizer_config.json").read_text())
-    template = config.pop("chat_template")
-    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    base = without_chat_template(tiny_repo, tmp_path / "base-moe")
     hub.add("seqmoe-tests/base-moe", base)
     with pytest.raises(HubRefusal) as refused:
         check_repo(HubReference("seqmoe-tests/base-moe"))
     assert refused.value.kind == UNSUPPORTED
     assert str(refused.value).startswith("seqmoe-tests/base-moe has no chat template: it is not made for chat")
     assert not hub.file_requests(".safetensors")
+    # A processor's template file: the tokenizer never reads it, so the loader would refuse the model.
+    template = json.loads((tiny_repo / "tokenizer_config.json").read_text())["chat_template"]
+    (base / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    hub.add("seqmoe-tests/base-moe", base)
+    with pytest.raises(HubRefusal) as processor_only:
+        check_repo(HubReference("seqmoe-tests/base-moe"))
+    assert processor_only.value.kind == UNSUPPORTED and "has no chat template" in str(processor_only.value)
     # Newer repositories keep the template in a file of its own.
     (base / "chat_template.jinja").write_text(template)
     hub.add("seqmoe-tests/base-moe", base)
