@@ -250,15 +250,8 @@ def decode_phase(experts: Sequence[nn.Module]) -> Iterator[None]:
     """The forward passes in the block are decode steps, each after the last: the offloaded
     layers of ``experts`` count, forecast and copy for decode. Outside it they are prefill,
     whatever their number of tokens; the resident layers of ``full`` count so too."""
-    runtimes = [module.__dict__.get(_RUNTIME_ATTR) for module in experts]
-    served = [runtime for runtime in runtimes if isinstance(runtime, (OffloadedLayer, ResidentLayer))]
-    for runtime in served:
-        runtime.decoding = True
-    try:
+    with _runtimes_set(experts, "decoding", True, False):
         yield
-    finally:
-        for runtime in served:
-            runtime.decoding = False
 
 
 class StoppedInPrefill(Exception):
@@ -271,15 +264,22 @@ def stoppable_prefill(experts: Sequence[nn.Module], should_stop: Callable[[], bo
     ``StoppedInPrefill`` once it says so. Generation checks it only after each token, and an
     offloaded long prompt, which streams every layer's experts, can take minutes before its first
     token."""
+    with _runtimes_set(experts, "should_stop", should_stop, None):
+        yield
+
+
+@contextmanager
+def _runtimes_set(experts: Sequence[nn.Module], name: str, value: object, after: object) -> Iterator[None]:
+    """``name`` set to ``value`` on the runtimes serving ``experts`` for the block, then to ``after``."""
     runtimes = [module.__dict__.get(_RUNTIME_ATTR) for module in experts]
     served = [runtime for runtime in runtimes if isinstance(runtime, (OffloadedLayer, ResidentLayer))]
     for runtime in served:
-        runtime.should_stop = should_stop
+        setattr(runtime, name, value)
     try:
         yield
     finally:
         for runtime in served:
-            runtime.should_stop = None
+            setattr(runtime, name, after)
 
 
 def _set_base(experts: Sequence[nn.Module], name: str) -> None:

@@ -22,13 +22,18 @@ from .waits import model_shown
 STALL_LIMIT_MS = 250  # the target is 50 ms; this machine is shared, so only gross stalls fail
 
 
-def test_the_window_chats_with_the_real_engine(qtbot, tiny_model: Path, data_dir: Path) -> None:
-    context = open_context(data_dir)
-    window = MainWindow(context, str(tiny_model))
+def window_on(qtbot, data_dir: Path, model: Path) -> MainWindow:
+    """The window with ``model`` loaded by the real engine."""
+    window = MainWindow(open_context(data_dir), str(model))
     qtbot.addWidget(window)
     window.show()
     window.start()
     qtbot.waitUntil(lambda: model_shown(window), timeout=60_000)
+    return window
+
+
+def test_the_window_chats_with_the_real_engine(qtbot, tiny_model: Path, data_dir: Path) -> None:
+    window = window_on(qtbot, data_dir, tiny_model)
     assert window.status.model.text() == "tiny-qwen3-moe" and window.status.device.text() == "cpu"
     for text in ("Hello!", "And a second question?"):
         send(qtbot, window, text)
@@ -69,14 +74,9 @@ def test_a_model_without_a_chat_template_is_refused_and_the_model_before_stays(
     qtbot, tiny_model: Path, data_dir: Path, tmp_path: Path
 ) -> None:
     # It loaded, the model before it went, and every message then failed.
-    context = open_context(data_dir)
-    window = MainWindow(context, str(tiny_model))
-    qtbot.addWidget(window)
-    window.show()
-    window.start()
-    qtbot.waitUntil(lambda: model_shown(window), timeout=60_000)
+    window = window_on(qtbot, data_dir, tiny_model)
     plain = without_chat_template(tiny_model, tmp_path / "plain")
-    with qtbot.waitSignal(context.client.worker.sig_load_failed, timeout=60_000) as failed:
+    with qtbot.waitSignal(window.context.client.worker.sig_load_failed, timeout=60_000) as failed:
         window.load_model(str(plain))
     _id, reason, kept = failed.args
     assert "plain has no chat template: it is not made for chat" in reason and kept

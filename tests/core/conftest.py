@@ -13,6 +13,7 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
+from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from seqmoe.cli import main
@@ -169,10 +170,15 @@ def without_chat_template(source: Path, target: Path) -> Path:
     return target
 
 
-def build_model(folder: Path, config: transformers.PretrainedConfig, seed: int = 0) -> Path:
+def build_model(
+    folder: Path, config: transformers.PretrainedConfig, seed: int = 0,
+    make: Callable[[transformers.PretrainedConfig], nn.Module] = AutoModelForCausalLM.from_config,
+) -> Path:
+    """A random model of ``config`` with the test tokenizer; ``make`` builds it (a class for a model
+    transformers does not file under causal LM)."""
     torch.manual_seed(seed)
     config.eos_token_id = EOS
-    model = AutoModelForCausalLM.from_config(config)
+    model = make(config)
     with torch.no_grad():
         for param in model.parameters():
             # Larger weights than the default init make routing and greedy choices decisive.

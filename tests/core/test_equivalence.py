@@ -18,7 +18,7 @@ from seqmoe.budget import kv_cache_bytes
 from seqmoe.cli import main
 from seqmoe.events import LayerRouted
 
-from .conftest import EOS, FAMILIES, VOCAB, build_model, layers_that_differ, save_tokenizer, store_experts_as_mxfp4
+from .conftest import EOS, FAMILIES, VOCAB, build_model, layers_that_differ, store_experts_as_mxfp4
 
 PROMPT = [5, 17, 42, 99, 23, 64, 7, 88, 31, 12, 56, 77]
 NEW_TOKENS = 12
@@ -317,13 +317,7 @@ def test_a_text_model_whose_causal_lm_transformers_files_under_another_task_runs
         n_group=4, topk_group=2, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
         qk_nope_head_dim=8, v_head_dim=16, max_position_embeddings=256, pad_token_id=0, eos_token_id=EOS,
     )
-    torch.manual_seed(0)
-    model = transformers.Mistral4ForCausalLM(config)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0.0, 0.2)
-    model.save_pretrained(tmp_path)
-    save_tokenizer(tmp_path)
+    build_model(tmp_path, config, make=transformers.Mistral4ForCausalLM)
     greedy = Sampling(max_new_tokens=NEW_TOKENS)
     inputs = torch.tensor([PROMPT])
     expected = transformers.Mistral4ForCausalLM.from_pretrained(tmp_path).generate(
